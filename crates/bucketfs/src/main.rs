@@ -1,0 +1,175 @@
+//! `bucketfs`: the one binary. `run` serves; the other commands talk to a running server's admin
+//! endpoint or, for `init` and `change-password`, work on files and the bucket directly.
+
+mod admin;
+mod config;
+mod exports;
+mod run;
+mod size;
+
+use clap::{Parser, Subcommand};
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "bucketfs", version, about = "A filesystem and block devices in an object-store bucket, served over NBD")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Write a commented configuration file (default ./bucketfs.toml; `-` for stdout).
+    Init {
+        #[arg(short = 'o', long = "output", default_value = "bucketfs.toml")]
+        output: String,
+        /// Overwrite an existing file.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Serve until SIGTERM or SIGINT. Without -c: the embedded default (bucket in
+    /// ./bucketfs-data, servers on localhost only).
+    Run {
+        #[arg(short, long)]
+        config: Option<PathBuf>,
+        /// Serve the bucket without writing to it (no writer lock is taken).
+        #[arg(long)]
+        read_only: bool,
+    },
+    /// Manage block devices (the files of /.nbd/) on the running server.
+    #[command(subcommand)]
+    Nbd(NbdCommand),
+    /// Print the running server's counters as JSON.
+    Status {
+        #[arg(short, long)]
+        config: Option<PathBuf>,
+    },
+    /// Rewrap the data key under a new password, read from standard input. Data is not
+    /// re-encrypted. Update storage.encryption_password afterwards.
+    ChangePassword {
+        #[arg(short, long)]
+        config: Option<PathBuf>,
+    },
+}
+
+#[derive(Subcommand)]
+enum NbdCommand {
+    /// Create a block device.
+    Create {
+        name: String,
+        /// Size, e.g. 20G, 512MiB, 1073741824.
+        #[arg(long, value_parser = size::parse_size)]
+        size: u64,
+        #[arg(short, long)]
+        config: Option<PathBuf>,
+    },
+    /// List block devices.
+    List {
+        #[arg(short, long)]
+        config: Option<PathBuf>,
+    },
+    /// Change a block device's size (bytes cut off are deallocated).
+    Resize {
+        name: String,
+        #[arg(long, value_parser = size::parse_size)]
+        size: u64,
+        #[arg(short, long)]
+        config: Option<PathBuf>,
+    },
+    /// Delete a block device and its data.
+    Delete {
+        name: String,
+        #[arg(short, long)]
+        config: Option<PathBuf>,
+    },
+}
+
+fn load_config(path: Option<&PathBuf>) -> Result<config::Config, String> {
+    match path {
+        Some(p) => config::Config::load(p).map_err(|e| e.to_string()),
+        None => Ok(config::Config::embedded_default()),
+    }
+}
+
+fn init(output: &str, force: bool) -> Result<(), String> {
+    if output == "-" {
+        print!("{}", config::INIT_TEMPLATE);
+        return Ok(());
+    }
+    let path = PathBuf::from(output);
+    if path.exists() && !force {
+        return Err(format!("{output} already exists; use --force to overwrite it"));
+    }
+    std::fs::write(&path, config::INIT_TEMPLATE).map_err(|e| format!("{output}: {e}"))?;
+    eprintln!("wrote {output}; set BUCKETFS_PASSWORD (or storage.encryption_password) and run `bucketfs run -c {output}`");
+    Ok(())
+}
+
+async fn admin_call(config: Option<&PathBuf>, request: admin::Request) -> Result<(), String> {
+    let cfg = load_config(config)?;
+    let reply = admin::call(cfg.admin.listen, &request).await?;
+    match request {
+        admin::Request::List => {
+            if let Some(devs) = reply.as_array() {
+                for d in devs {
+                    let size = d["size_bytes"].as_u64().unwrap_or(0);
+                    println!("{}\t{}\t{}", d["name"].as_str().unwrap_or("?"), size, size::format_size(size));
+                }
+            }
+        }
+        admin::Request::Status => println!("{}", serde_json::to_string_pretty(&reply).unwrap_or_default()),
+        _ => {}
+    }
+    Ok(())
+}
+
+async fn change_password(config: Option<&PathBuf>) -> Result<(), String> {
+    let cfg = load_config(config)?;
+    let old = run::password(&cfg, config.is_some())?;
+    let mut new = String::new();
+    std::io::stdin().read_to_string(&mut new).map_err(|e| format!("reading the new password from standard input: {e}"))?;
+    let new = new.trim_end_matches(['\n', '\r']);
+    if new.is_empty() {
+        return Err("the new password (read from standard input) is empty".into());
+    }
+    let (bucket, _) = run::open_bucket(&cfg)?;
+    bucketfs_engine::change_password(&bucket, &old, new).await.map_err(|e| e.to_string())?;
+    eprintln!("password changed; now set storage.encryption_password (or BUCKETFS_PASSWORD) to the new one");
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("bucketfs: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Init { output, force } => init(&output, force),
+            Command::Run { config, read_only } => run::run(config.as_ref(), read_only).await,
+            Command::Nbd(NbdCommand::Create { name, size, config }) => admin_call(config.as_ref(), admin::Request::Create { name, size_bytes: size }).await,
+            Command::Nbd(NbdCommand::List { config }) => admin_call(config.as_ref(), admin::Request::List).await,
+            Command::Nbd(NbdCommand::Resize { name, size, config }) => admin_call(config.as_ref(), admin::Request::Resize { name, size_bytes: size }).await,
+            Command::Nbd(NbdCommand::Delete { name, config }) => admin_call(config.as_ref(), admin::Request::Delete { name }).await,
+            Command::Status { config } => admin_call(config.as_ref(), admin::Request::Status).await,
+            Command::ChangePassword { config } => change_password(config.as_ref()).await,
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("bucketfs: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,137 @@
+//! `bucketfs run`: wires the configured bucket, engine, filesystem and servers together.
+
+use crate::admin::Admin;
+use crate::config::{Compression, Config};
+use crate::exports::BlockDevices;
+use bucketfs_engine::bucket::{open_url, CountingBucket, RetryingBucket, SharedBucket};
+use bucketfs_engine::{Codec, Engine, EngineOptions};
+use bucketfs_fs::Fs;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Used only by the embedded default (no -c) when BUCKETFS_PASSWORD is unset, so that a first
+/// `bucketfs run` works; the log says loudly that such a bucket is not protected.
+const EMBEDDED_DEFAULT_PASSWORD: &str = "bucketfs-embedded-default-password";
+
+/// The encryption password: storage.encryption_password, else BUCKETFS_PASSWORD.
+pub fn password(cfg: &Config, from_file: bool) -> Result<String, String> {
+    let pw = match (&cfg.storage.encryption_password, std::env::var("BUCKETFS_PASSWORD")) {
+        (Some(p), _) => p.clone(),
+        (None, Ok(p)) => p,
+        (None, Err(_)) if !from_file => {
+            tracing::warn!("no encryption password configured: using the built-in development password; anyone with this binary can read the bucket. Run `bucketfs init` and set BUCKETFS_PASSWORD for real data.");
+            EMBEDDED_DEFAULT_PASSWORD.to_string()
+        }
+        (None, Err(_)) => return Err("no encryption password: set storage.encryption_password in the config file or the BUCKETFS_PASSWORD environment variable".into()),
+    };
+    if pw.is_empty() {
+        return Err("the encryption password is empty (storage.encryption_password or BUCKETFS_PASSWORD)".into());
+    }
+    Ok(pw)
+}
+
+fn store_options(cfg: &Config) -> Vec<(String, String)> {
+    let mut o = Vec::new();
+    let mut add = |k: &str, v: &Option<String>| {
+        if let Some(v) = v {
+            o.push((k.to_string(), v.clone()));
+        }
+    };
+    add("aws_access_key_id", &cfg.aws.access_key_id);
+    add("aws_secret_access_key", &cfg.aws.secret_access_key);
+    add("aws_session_token", &cfg.aws.session_token);
+    add("aws_region", &cfg.aws.region);
+    add("aws_endpoint", &cfg.aws.endpoint);
+    add("aws_allow_http", &cfg.aws.allow_http.map(|b| b.to_string()));
+    add("google_service_account", &cfg.gcp.service_account_path);
+    add("google_service_account_key", &cfg.gcp.service_account_key);
+    add("azure_storage_account_name", &cfg.azure.account_name);
+    add("azure_storage_account_key", &cfg.azure.access_key);
+    add("azure_storage_endpoint", &cfg.azure.endpoint);
+    add("azure_allow_http", &cfg.azure.allow_http.map(|b| b.to_string()));
+    add("azure_storage_use_emulator", &cfg.azure.use_emulator.map(|b| b.to_string()));
+    o
+}
+
+/// The bucket with its decorators: requests are counted (every attempt), then retried.
+pub fn open_bucket(cfg: &Config) -> Result<(SharedBucket, Arc<CountingBucket>), String> {
+    let store = open_url(&cfg.storage.url, &store_options(cfg))?;
+    let counting = Arc::new(CountingBucket::new(Arc::new(store)));
+    let bucket: SharedBucket = Arc::new(RetryingBucket::new(counting.clone()));
+    Ok((bucket, counting))
+}
+
+pub async fn run(config: Option<&PathBuf>, read_only: bool) -> Result<(), String> {
+    let cfg = crate::load_config(config)?;
+    for w in cfg.exposure_warnings() {
+        tracing::warn!("{w}");
+    }
+    let password = password(&cfg, config.is_some())?;
+    let (bucket, counting) = open_bucket(&cfg)?;
+    let opts = EngineOptions {
+        password,
+        codec: match cfg.storage.compression {
+            Compression::Zstd => Codec::Zstd,
+            Compression::Lz4 => Codec::Lz4,
+            Compression::None => Codec::None,
+        },
+        flush_interval: Duration::from_millis(cfg.storage.flush_interval_ms),
+        memory_cache_bytes_max: cfg.cache.memory_bytes_max,
+        disk_cache_dir: Some(cfg.cache.dir.clone()),
+        disk_cache_bytes_max: cfg.cache.disk_bytes_max,
+        read_only,
+    };
+    let engine = Engine::open(bucket, opts).await.map_err(|e| format!("{}: {e}", cfg.storage.url))?;
+    let fs = Arc::new(Fs::open(engine.clone()).await.map_err(|e| e.to_string())?);
+    let exports = Arc::new(BlockDevices { fs: fs.clone() });
+
+    let admin_listener = tokio::net::TcpListener::bind(cfg.admin.listen)
+        .await
+        .map_err(|e| format!("admin.listen {}: {e}", cfg.admin.listen))?;
+    let admin = Arc::new(Admin { fs: fs.clone(), counts: counting });
+    tokio::spawn(admin.serve(admin_listener));
+    for addr in &cfg.servers.nbd.listen {
+        let l = tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("servers.nbd.listen {addr}: {e}"))?;
+        tracing::info!(%addr, "serving NBD (no authentication: keep it on a trusted network)");
+        let exports = exports.clone();
+        tokio::spawn(async move {
+            if let Err(e) = bucketfs_nbd::serve_tcp(l, exports).await {
+                tracing::error!(error = %e, "NBD TCP server stopped");
+            }
+        });
+    }
+    if let Some(path) = &cfg.servers.nbd.unix_socket {
+        let _ = std::fs::remove_file(path);
+        let l = tokio::net::UnixListener::bind(path).map_err(|e| format!("servers.nbd.unix_socket {}: {e}", path.display()))?;
+        tracing::info!(path = %path.display(), "serving NBD on a unix socket");
+        let exports = exports.clone();
+        tokio::spawn(async move {
+            if let Err(e) = bucketfs_nbd::serve_unix(l, exports).await {
+                tracing::error!(error = %e, "NBD unix-socket server stopped");
+            }
+        });
+    }
+    tracing::info!(url = %cfg.storage.url, admin = %cfg.admin.listen, read_only, "bucketfs is serving");
+
+    wait_for_shutdown().await;
+    tracing::info!("shutting down: flushing");
+    engine.close().await.map_err(|e| format!("final flush failed: {e}"))?;
+    tracing::info!("stopped cleanly");
+    Ok(())
+}
+
+async fn wait_for_shutdown() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}

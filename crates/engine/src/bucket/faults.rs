@@ -1,0 +1,82 @@
+//! Injects object-store failures and latency, for tests of retries, EIO paths and crashes.
+
+use super::{Bucket, ObjectInfo, PutMode, SharedBucket, StoreError};
+use async_trait::async_trait;
+use bytes::Bytes;
+use parking_lot::Mutex;
+use std::ops::Range;
+use std::time::Duration;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fault {
+    /// The next `count` requests of any kind fail with a transient error (as a 503 would).
+    FailNext { count: u32 },
+    /// Every request fails until the fault is cleared.
+    FailAll,
+    /// Every PUT is refused until cleared (the store is "down" for writes), reads still work.
+    FailPuts,
+    /// Every request first waits this long (a slow link).
+    Delay(Duration),
+    None,
+}
+
+pub struct FaultyBucket {
+    inner: SharedBucket,
+    fault: Mutex<Fault>,
+}
+
+impl FaultyBucket {
+    pub fn new(inner: SharedBucket) -> Self {
+        Self { inner, fault: Mutex::new(Fault::None) }
+    }
+
+    pub fn set(&self, fault: Fault) {
+        *self.fault.lock() = fault;
+    }
+
+    async fn check(&self, is_put: bool) -> Result<(), StoreError> {
+        let delay = {
+            let mut f = self.fault.lock();
+            match &mut *f {
+                Fault::FailNext { count } if *count > 0 => {
+                    *count -= 1;
+                    return Err(StoreError::Transient("injected fault: 503 Slow Down".into()));
+                }
+                Fault::FailAll => return Err(StoreError::Transient("injected fault: 503 Service Unavailable".into())),
+                Fault::FailPuts if is_put => {
+                    return Err(StoreError::Transient("injected fault: PUT refused".into()))
+                }
+                Fault::Delay(d) => Some(*d),
+                _ => None,
+            }
+        };
+        if let Some(d) = delay {
+            tokio::time::sleep(d).await;
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Bucket for FaultyBucket {
+    async fn put(&self, key: &str, data: Bytes, mode: PutMode) -> Result<(), StoreError> {
+        self.check(true).await?;
+        self.inner.put(key, data, mode).await
+    }
+    async fn get(&self, key: &str) -> Result<Bytes, StoreError> {
+        self.check(false).await?;
+        self.inner.get(key).await
+    }
+    async fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes, StoreError> {
+        self.check(false).await?;
+        self.inner.get_range(key, range).await
+    }
+    async fn delete(&self, key: &str) -> Result<(), StoreError> {
+        self.check(false).await?;
+        self.inner.delete(key).await
+    }
+    async fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, StoreError> {
+        self.check(false).await?;
+        self.inner.list(prefix).await
+    }
+}

@@ -1,0 +1,57 @@
+//! The object store as the engine sees it: five operations on named immutable objects.
+//!
+//! Everything the engine does to a bucket goes through [`Bucket`], so decorators (retries,
+//! request counting, fault injection) compose around any backend and tests can observe them.
+
+mod counting;
+mod faults;
+mod retry;
+mod store;
+
+pub use counting::{CountingBucket, RequestCounts};
+pub use faults::{Fault, FaultyBucket};
+pub use retry::RetryingBucket;
+pub use store::{open_url, ObjectStoreBucket, StoreOptions};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use std::ops::Range;
+use std::sync::Arc;
+
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+pub enum StoreError {
+    #[error("object {0} not found")]
+    NotFound(String),
+    #[error("object {0} already exists")]
+    AlreadyExists(String),
+    /// Worth retrying: timeouts, throttling, 5xx, connection resets.
+    #[error("transient object-store error: {0}")]
+    Transient(String),
+    #[error("object-store error: {0}")]
+    Permanent(String),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PutMode {
+    Overwrite,
+    /// Fails with [`StoreError::AlreadyExists`] if the object exists (conditional create).
+    Create,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectInfo {
+    pub key: String,
+    pub size_bytes: u64,
+}
+
+#[async_trait]
+pub trait Bucket: Send + Sync + 'static {
+    async fn put(&self, key: &str, data: Bytes, mode: PutMode) -> Result<(), StoreError>;
+    async fn get(&self, key: &str) -> Result<Bytes, StoreError>;
+    async fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes, StoreError>;
+    async fn delete(&self, key: &str) -> Result<(), StoreError>;
+    /// Every object whose key starts with `prefix` (a folder such as `log/`), in key order.
+    async fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, StoreError>;
+}
+
+pub type SharedBucket = Arc<dyn Bucket>;

@@ -1,0 +1,85 @@
+//! Retries transient object-store failures with exponential backoff.
+
+use super::{Bucket, ObjectInfo, PutMode, SharedBucket, StoreError};
+use crate::limits::{STORE_ATTEMPTS_MAX, STORE_REQUEST_TIMEOUT_MS, STORE_RETRY_BASE_DELAY_MS};
+use async_trait::async_trait;
+use bytes::Bytes;
+use std::future::Future;
+use std::ops::Range;
+use std::time::Duration;
+
+pub struct RetryingBucket {
+    inner: SharedBucket,
+    attempts_max: u32,
+}
+
+impl RetryingBucket {
+    pub fn new(inner: SharedBucket) -> Self {
+        Self { inner, attempts_max: STORE_ATTEMPTS_MAX }
+    }
+
+    async fn run<T, F, Fut>(&self, what: &str, key: &str, mut op: F) -> Result<T, StoreError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, StoreError>>,
+    {
+        let mut delay_ms = STORE_RETRY_BASE_DELAY_MS;
+        let mut attempt = 1;
+        loop {
+            let result = match tokio::time::timeout(Duration::from_millis(STORE_REQUEST_TIMEOUT_MS), op()).await {
+                Ok(r) => r,
+                Err(_) => Err(StoreError::Transient(format!("{what} {key}: timed out"))),
+            };
+            match result {
+                Err(StoreError::Transient(msg)) if attempt < self.attempts_max => {
+                    tracing::warn!(%what, %key, attempt, delay_ms, error = %msg, "object-store request failed; retrying");
+                    tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+                    delay_ms *= 2;
+                    attempt += 1;
+                }
+                Err(StoreError::Transient(msg)) => {
+                    return Err(StoreError::Transient(format!("{msg} (gave up after {attempt} attempts)")))
+                }
+                other => return other,
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Bucket for RetryingBucket {
+    async fn put(&self, key: &str, data: Bytes, mode: PutMode) -> Result<(), StoreError> {
+        let first = std::sync::atomic::AtomicBool::new(true);
+        self.run("PUT", key, || {
+            let retried = !first.swap(false, std::sync::atomic::Ordering::Relaxed);
+            let data = data.clone();
+            async move {
+                match self.inner.put(key, data.clone(), mode).await {
+                    // A conditional create whose first attempt timed out may have succeeded
+                    // after all: if the stored object is ours, the create succeeded.
+                    Err(StoreError::AlreadyExists(k)) if retried && mode == PutMode::Create => {
+                        match self.inner.get(key).await {
+                            Ok(stored) if stored == data => Ok(()),
+                            Ok(_) => Err(StoreError::AlreadyExists(k)),
+                            Err(e) => Err(e),
+                        }
+                    }
+                    other => other,
+                }
+            }
+        })
+        .await
+    }
+    async fn get(&self, key: &str) -> Result<Bytes, StoreError> {
+        self.run("GET", key, || self.inner.get(key)).await
+    }
+    async fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes, StoreError> {
+        self.run("GET", key, || self.inner.get_range(key, range.clone())).await
+    }
+    async fn delete(&self, key: &str) -> Result<(), StoreError> {
+        self.run("DELETE", key, || self.inner.delete(key)).await
+    }
+    async fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, StoreError> {
+        self.run("LIST", prefix, || self.inner.list(prefix)).await
+    }
+}

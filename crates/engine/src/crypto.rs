@@ -1,0 +1,197 @@
+//! Key management and sealing (see docs/0002-keys-and-sealing.md).
+//!
+//! A random 256-bit data key encrypts everything. The key is stored in the bucket's superblock,
+//! wrapped (XChaCha20-Poly1305) by a key derived from the password with Argon2id. Changing the
+//! password rewraps the data key; no data is re-encrypted.
+
+use crate::limits::{ARGON2_MEMORY_KIB, ARGON2_PASSES};
+use chacha20poly1305::aead::{Aead, KeyInit, Payload};
+use chacha20poly1305::{XChaCha20Poly1305, XNonce};
+use rand::RngCore;
+use serde::{Deserialize, Serialize};
+
+pub const NONCE_BYTES: usize = 24;
+pub const TAG_BYTES: usize = 16;
+/// Version of the bucket format this build writes and reads (docs/format.md).
+pub const FORMAT_VERSION: u32 = 1;
+const WRAP_AAD: &[u8] = b"bucketfs data key v1";
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum KeyError {
+    #[error("wrong encryption password: it does not unlock this bucket's data key")]
+    WrongPassword,
+    #[error("superblock is damaged: {0}")]
+    Damaged(String),
+    #[error("bucket format version {found} is not supported by this build (it reads version {FORMAT_VERSION})")]
+    UnsupportedVersion { found: u32 },
+}
+
+/// The object `superblock.json`: the only unencrypted object in the bucket besides the writer
+/// lock. It holds no secret: the data key in it is wrapped.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Superblock {
+    pub format_version: u32,
+    pub kdf: String,
+    pub kdf_memory_kib: u32,
+    pub kdf_passes: u32,
+    pub kdf_salt_hex: String,
+    pub wrapped_key_nonce_hex: String,
+    pub wrapped_key_hex: String,
+}
+
+fn derive_kek(password: &str, salt: &[u8], memory_kib: u32, passes: u32) -> Result<[u8; 32], KeyError> {
+    let params = argon2::Params::new(memory_kib, passes, 1, Some(32))
+        .map_err(|e| KeyError::Damaged(format!("argon2 parameters: {e}")))?;
+    let argon = argon2::Argon2::new(argon2::Algorithm::Argon2id, argon2::Version::V0x13, params);
+    let mut kek = [0u8; 32];
+    argon
+        .hash_password_into(password.as_bytes(), salt, &mut kek)
+        .map_err(|e| KeyError::Damaged(format!("argon2: {e}")))?;
+    Ok(kek)
+}
+
+fn random<const N: usize>() -> [u8; N] {
+    let mut b = [0u8; N];
+    rand::thread_rng().fill_bytes(&mut b);
+    b
+}
+
+impl Superblock {
+    /// A new superblock with a fresh random data key; returns it with the key.
+    pub fn create(password: &str) -> Result<(Superblock, DataKey), KeyError> {
+        let key = DataKey(random::<32>());
+        Ok((Self::wrap(password, &key)?, key))
+    }
+
+    fn wrap(password: &str, key: &DataKey) -> Result<Superblock, KeyError> {
+        let salt = random::<16>();
+        let kek = derive_kek(password, &salt, ARGON2_MEMORY_KIB, ARGON2_PASSES)?;
+        let nonce = random::<NONCE_BYTES>();
+        let wrapped = XChaCha20Poly1305::new((&kek).into())
+            .encrypt(XNonce::from_slice(&nonce), Payload { msg: &key.0, aad: WRAP_AAD })
+            .map_err(|_| KeyError::Damaged("key wrapping failed".into()))?;
+        Ok(Superblock {
+            format_version: FORMAT_VERSION,
+            kdf: "argon2id".into(),
+            kdf_memory_kib: ARGON2_MEMORY_KIB,
+            kdf_passes: ARGON2_PASSES,
+            kdf_salt_hex: hex::encode(salt),
+            wrapped_key_nonce_hex: hex::encode(nonce),
+            wrapped_key_hex: hex::encode(wrapped),
+        })
+    }
+
+    pub fn unlock(&self, password: &str) -> Result<DataKey, KeyError> {
+        if self.format_version != FORMAT_VERSION {
+            return Err(KeyError::UnsupportedVersion { found: self.format_version });
+        }
+        if self.kdf != "argon2id" {
+            return Err(KeyError::Damaged(format!("unknown kdf `{}`", self.kdf)));
+        }
+        let unhex = |what: &str, s: &str| hex::decode(s).map_err(|e| KeyError::Damaged(format!("{what}: {e}")));
+        let salt = unhex("kdf_salt_hex", &self.kdf_salt_hex)?;
+        let nonce = unhex("wrapped_key_nonce_hex", &self.wrapped_key_nonce_hex)?;
+        let wrapped = unhex("wrapped_key_hex", &self.wrapped_key_hex)?;
+        if nonce.len() != NONCE_BYTES {
+            return Err(KeyError::Damaged("wrapped key nonce has the wrong length".into()));
+        }
+        let kek = derive_kek(password, &salt, self.kdf_memory_kib, self.kdf_passes)?;
+        let key = XChaCha20Poly1305::new((&kek).into())
+            .decrypt(XNonce::from_slice(&nonce), Payload { msg: &wrapped, aad: WRAP_AAD })
+            .map_err(|_| KeyError::WrongPassword)?;
+        let key: [u8; 32] = key.try_into().map_err(|_| KeyError::Damaged("data key has the wrong length".into()))?;
+        Ok(DataKey(key))
+    }
+
+    /// The same data key wrapped under a new password (fresh salt and nonce).
+    pub fn rewrap(&self, old_password: &str, new_password: &str) -> Result<Superblock, KeyError> {
+        let key = self.unlock(old_password)?;
+        Self::wrap(new_password, &key)
+    }
+
+    pub fn to_json(&self) -> Vec<u8> {
+        serde_json::to_vec_pretty(self).expect("a struct of strings and integers always serialises")
+    }
+
+    pub fn from_json(bytes: &[u8]) -> Result<Superblock, KeyError> {
+        serde_json::from_slice(bytes).map_err(|e| KeyError::Damaged(e.to_string()))
+    }
+}
+
+pub struct DataKey([u8; 32]);
+
+impl DataKey {
+    #[cfg(test)]
+    pub fn for_tests(seed: u8) -> DataKey {
+        DataKey([seed; 32])
+    }
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("authentication failed: the sealed bytes were altered, truncated, or belong elsewhere")]
+pub struct OpenError;
+
+/// Seals and opens byte strings with the data key. Every sealed string is
+/// `nonce (24) || ciphertext || tag (16)`; the associated data binds it to its place.
+pub struct Sealer {
+    cipher: XChaCha20Poly1305,
+}
+
+impl Sealer {
+    pub fn new(key: &DataKey) -> Self {
+        Self { cipher: XChaCha20Poly1305::new((&key.0).into()) }
+    }
+
+    pub fn seal_into(&self, out: &mut Vec<u8>, aad: &[u8], plaintext: &[u8]) {
+        let nonce = random::<NONCE_BYTES>();
+        let ct = self
+            .cipher
+            .encrypt(XNonce::from_slice(&nonce), Payload { msg: plaintext, aad })
+            .expect("XChaCha20-Poly1305 encryption cannot fail for inputs below 256 GiB");
+        out.extend_from_slice(&nonce);
+        out.extend_from_slice(&ct);
+    }
+
+    #[cfg(test)]
+    pub fn seal(&self, aad: &[u8], plaintext: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(NONCE_BYTES + plaintext.len() + TAG_BYTES);
+        self.seal_into(&mut out, aad, plaintext);
+        out
+    }
+
+    pub fn open(&self, aad: &[u8], sealed: &[u8]) -> Result<Vec<u8>, OpenError> {
+        if sealed.len() < NONCE_BYTES + TAG_BYTES {
+            return Err(OpenError);
+        }
+        let (nonce, ct) = sealed.split_at(NONCE_BYTES);
+        self.cipher.decrypt(XNonce::from_slice(nonce), Payload { msg: ct, aad }).map_err(|_| OpenError)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn password_unlocks_and_wrong_password_is_refused() {
+        let (sb, key) = Superblock::create("right").unwrap();
+        let sb = Superblock::from_json(&sb.to_json()).unwrap();
+        assert_eq!(sb.unlock("right").unwrap().0, key.0);
+        assert_eq!(sb.unlock("wrong").err(), Some(KeyError::WrongPassword));
+        let sb2 = sb.rewrap("right", "new").unwrap();
+        assert_eq!(sb2.unlock("new").unwrap().0, key.0);
+        assert_eq!(sb2.unlock("right").err(), Some(KeyError::WrongPassword));
+    }
+
+    #[test]
+    fn sealed_bytes_are_bound_to_their_associated_data() {
+        let sealer = Sealer::new(&DataKey([7; 32]));
+        let s = sealer.seal(b"place-1", b"hello");
+        assert_eq!(sealer.open(b"place-1", &s).unwrap(), b"hello");
+        assert_eq!(sealer.open(b"place-2", &s), Err(OpenError));
+        let mut flipped = s.clone();
+        flipped[30] ^= 1;
+        assert_eq!(sealer.open(b"place-1", &flipped), Err(OpenError));
+        assert_eq!(sealer.open(b"place-1", &s[..10]), Err(OpenError));
+    }
+}

@@ -1,0 +1,946 @@
+//! The storage engine: file data in extents, metadata in a replayed log, one flush barrier.
+//!
+//! Every mutation is applied to the in-memory `pending` batch under one lock, so a batch holds
+//! the effect of a prefix of the acknowledged mutations. A flush freezes the batch, seals its
+//! extents into one log object together with its metadata ops, uploads it with a conditional
+//! create, and only then makes it the committed state. After a crash, the bucket holds exactly
+//! the flushed batches: a prefix of the acknowledged order, every mutation whole or absent.
+//! (docs/0001-bucket-layout-and-flush.md)
+
+use crate::bucket::{PutMode, SharedBucket, StoreError};
+use crate::cache::DiskCache;
+use crate::crypto::{KeyError, Sealer, Superblock};
+use crate::frame::{self, Codec};
+use crate::lease::{self, LeaseError, LockHolder};
+use crate::limits::*;
+use crate::logobj::{self, ObjectError};
+use crate::meta::{ExtentPtr, MetaOp, MetaState};
+use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
+use parking_lot::Mutex;
+use serde::Serialize;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::num::NonZeroUsize;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+pub const SUPERBLOCK_KEY: &str = "superblock.json";
+
+#[derive(Debug, Clone)]
+pub struct EngineOptions {
+    pub password: String,
+    pub codec: Codec,
+    /// Unflushed writes older than this are flushed anyway: the loss window for data nobody
+    /// fsynced.
+    pub flush_interval: Duration,
+    pub memory_cache_bytes_max: u64,
+    pub disk_cache_dir: Option<PathBuf>,
+    pub disk_cache_bytes_max: u64,
+    pub read_only: bool,
+}
+
+impl EngineOptions {
+    pub fn for_tests(password: &str) -> EngineOptions {
+        EngineOptions {
+            password: password.to_string(),
+            codec: Codec::Zstd,
+            flush_interval: Duration::from_secs(3600),
+            memory_cache_bytes_max: 64 << 20,
+            disk_cache_dir: None,
+            disk_cache_bytes_max: 0,
+            read_only: false,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Key(#[from] KeyError),
+    #[error(transparent)]
+    Lease(#[from] LeaseError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("corrupted object: {0}")]
+    Corrupt(String),
+    #[error("the bucket is open read-only")]
+    ReadOnly,
+    #[error("the bucket has no bucketfs filesystem yet; start a writer once to create it")]
+    NotInitialised,
+    #[error("writes are refused after a failure on the durable path: {0}; restart bucketfs")]
+    Poisoned(String),
+}
+
+impl From<ObjectError> for EngineError {
+    fn from(e: ObjectError) -> Self {
+        EngineError::Corrupt(e.to_string())
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Dirty {
+    Data(Arc<Vec<u8>>),
+    Hole,
+}
+
+/// Mutations not yet durable. `gen` is the write generation the batch covers once frozen.
+#[derive(Default)]
+struct Batch {
+    extents: HashMap<(u64, u64), Dirty>,
+    kv: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+    gen: u64,
+}
+
+impl Batch {
+    fn is_empty(&self) -> bool {
+        self.extents.is_empty() && self.kv.is_empty()
+    }
+    fn data_bytes(&self) -> usize {
+        self.extents.len() * EXTENT_SIZE_BYTES
+    }
+}
+
+struct State {
+    /// Bumped by every mutation, under this lock.
+    write_gen: u64,
+    pending: Batch,
+    /// The batch being uploaded (or whose upload failed and will be retried first).
+    flushing: Option<Arc<Batch>>,
+    committed: MetaState,
+    /// Bumped whenever `committed` changes, so a reader that fetched an older frame does not put
+    /// it in the cache over a newer one.
+    commit_gen: u64,
+    /// Decoded committed extents (the memory tier).
+    clean: lru::LruCache<(u64, u64), Arc<Vec<u8>>>,
+}
+
+enum Found {
+    Data(Arc<Vec<u8>>),
+    Zero,
+    Stored(ExtentPtr),
+}
+
+impl State {
+    /// The current content of an extent, as far as memory knows it.
+    fn find(&mut self, ino: u64, index: u64) -> Found {
+        let key = (ino, index);
+        for batch in [Some(&self.pending), self.flushing.as_deref()].into_iter().flatten() {
+            match batch.extents.get(&key) {
+                Some(Dirty::Data(d)) => return Found::Data(d.clone()),
+                Some(Dirty::Hole) => return Found::Zero,
+                None => {}
+            }
+        }
+        if let Some(d) = self.clean.get(&key) {
+            return Found::Data(d.clone());
+        }
+        match self.committed.extent(ino, index) {
+            Some(ptr) => Found::Stored(ptr),
+            None => Found::Zero,
+        }
+    }
+
+    /// Deallocates an extent: a hole entry if something older than `pending` would otherwise
+    /// show through, else just forget the pending entry.
+    fn punch(&mut self, ino: u64, index: u64) {
+        let key = (ino, index);
+        let older = match self.flushing.as_deref().and_then(|f| f.extents.get(&key)) {
+            Some(Dirty::Data(_)) => true,
+            Some(Dirty::Hole) => false,
+            None => self.committed.extent(ino, index).is_some(),
+        };
+        if older {
+            self.pending.extents.insert(key, Dirty::Hole);
+        } else {
+            self.pending.extents.remove(&key);
+        }
+    }
+
+    fn kv_get(&self, key: &[u8]) -> Option<Vec<u8>> {
+        for batch in [Some(&self.pending), self.flushing.as_deref()].into_iter().flatten() {
+            if let Some(v) = batch.kv.get(key) {
+                return v.clone();
+            }
+        }
+        self.committed.kv_get(key).cloned()
+    }
+}
+
+/// What a mutation writes into a range.
+#[derive(Clone, Copy)]
+pub enum Fill<'a> {
+    Data(&'a [u8]),
+    /// Zeroes; whole extents are deallocated when `punch` is true.
+    Zeroes { punch: bool },
+}
+
+/// A key-value change of the filesystem core, applied atomically with the others of one call.
+#[derive(Debug, Clone)]
+pub enum KvChange {
+    Put(Vec<u8>, Vec<u8>),
+    Delete(Vec<u8>),
+}
+
+struct FlushCtl {
+    next_seq: u64,
+    /// A log object whose upload failed: retried, byte for byte, before anything else.
+    stuck: Option<(u64, Bytes, Vec<MetaOp>)>,
+    checkpoint_seq: u64,
+    /// Log objects in the bucket (for the garbage collector).
+    known_logs: BTreeSet<u64>,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct EngineStats {
+    pub flushes: u64,
+    pub log_objects_written: u64,
+    pub log_bytes_written: u64,
+    pub checkpoints_written: u64,
+    pub log_objects_deleted: u64,
+    pub pending_bytes: u64,
+    pub extents: u64,
+    pub memory_cache_extents: u64,
+    pub disk_cache_bytes: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    flushes: AtomicU64,
+    log_objects_written: AtomicU64,
+    log_bytes_written: AtomicU64,
+    checkpoints_written: AtomicU64,
+    log_objects_deleted: AtomicU64,
+}
+
+struct Inner {
+    bucket: SharedBucket,
+    sealer: Sealer,
+    codec: Codec,
+    read_only: bool,
+    state: Mutex<State>,
+    flush: tokio::sync::Mutex<FlushCtl>,
+    durable_gen: AtomicU64,
+    poisoned: Mutex<Option<String>>,
+    disk_cache: Option<DiskCache>,
+    lock_holder: Option<LockHolder>,
+    checkpoint_running: AtomicBool,
+    counters: Counters,
+}
+
+#[derive(Clone)]
+pub struct Engine {
+    inner: Arc<Inner>,
+}
+
+/// Opens (creating it on first use) the superblock and returns the unlocked sealer.
+async fn unlock(bucket: &SharedBucket, password: &str, create: bool) -> Result<Sealer, EngineError> {
+    match bucket.get(SUPERBLOCK_KEY).await {
+        Ok(bytes) => Ok(Sealer::new(&Superblock::from_json(&bytes)?.unlock(password)?)),
+        Err(StoreError::NotFound(_)) if create => {
+            let (sb, key) = Superblock::create(password)?;
+            match bucket.put(SUPERBLOCK_KEY, Bytes::from(sb.to_json()), PutMode::Create).await {
+                Ok(()) => {
+                    tracing::info!("created a new bucketfs bucket");
+                    Ok(Sealer::new(&key))
+                }
+                // Another process created it first: use theirs.
+                Err(StoreError::AlreadyExists(_)) => Box::pin(unlock(bucket, password, false)).await,
+                Err(e) => Err(e.into()),
+            }
+        }
+        Err(StoreError::NotFound(_)) => Err(EngineError::NotInitialised),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Rewraps the data key under a new password; data is not touched.
+pub async fn change_password(bucket: &SharedBucket, old: &str, new: &str) -> Result<(), EngineError> {
+    let bytes = match bucket.get(SUPERBLOCK_KEY).await {
+        Err(StoreError::NotFound(_)) => return Err(EngineError::NotInitialised),
+        other => other?,
+    };
+    let sb = Superblock::from_json(&bytes)?.rewrap(old, new)?;
+    bucket.put(SUPERBLOCK_KEY, Bytes::from(sb.to_json()), PutMode::Overwrite).await?;
+    Ok(())
+}
+
+impl Engine {
+    pub async fn open(bucket: SharedBucket, opts: EngineOptions) -> Result<Engine, EngineError> {
+        // Check the password before anything is written: a wrong password changes nothing.
+        let sealer = unlock(&bucket, &opts.password, !opts.read_only).await?;
+        let lock_holder = if opts.read_only { None } else { Some(lease::acquire(&bucket).await?) };
+        let opened = Self::load(bucket.clone(), sealer, &opts, lock_holder.clone()).await;
+        if let (Err(_), Some(me)) = (&opened, &lock_holder) {
+            let _ = lease::release(&bucket, me).await;
+        }
+        opened
+    }
+
+    async fn load(bucket: SharedBucket, sealer: Sealer, opts: &EngineOptions, lock_holder: Option<LockHolder>) -> Result<Engine, EngineError> {
+        let mut committed = MetaState::default();
+        let checkpoints: Vec<u64> = bucket.list("checkpoint/").await?.iter().filter_map(|o| logobj::parse_seq(&o.key, "checkpoint")).collect();
+        let checkpoint_seq = checkpoints.iter().copied().max().unwrap_or(0);
+        if checkpoint_seq > 0 {
+            let key = logobj::checkpoint_key(checkpoint_seq);
+            let bytes = bucket.get(&key).await?;
+            for op in logobj::decode_checkpoint(&sealer, &key, checkpoint_seq, &bytes)? {
+                committed.apply(&op);
+            }
+        }
+        let logs: Vec<(u64, u64)> = bucket
+            .list("log/")
+            .await?
+            .iter()
+            .filter_map(|o| logobj::parse_seq(&o.key, "log").map(|s| (s, o.size_bytes)))
+            .collect();
+        let known_logs: BTreeSet<u64> = logs.iter().map(|(s, _)| *s).collect();
+        let to_replay: Vec<(u64, u64)> = logs.into_iter().filter(|(s, _)| *s > checkpoint_seq).collect();
+        for (i, (seq, _)) in to_replay.iter().enumerate() {
+            if *seq != checkpoint_seq + 1 + i as u64 {
+                return Err(EngineError::Corrupt(format!(
+                    "log object {} is missing (found {} after checkpoint {checkpoint_seq}); the bucket is damaged",
+                    logobj::log_key(checkpoint_seq + 1 + i as u64),
+                    logobj::log_key(*seq)
+                )));
+            }
+        }
+        let sealer = Arc::new(sealer);
+        let records = futures::stream::iter(to_replay.iter().copied())
+            .map(|(seq, size)| {
+                let bucket = bucket.clone();
+                let sealer = sealer.clone();
+                async move {
+                    let key = logobj::log_key(seq);
+                    if size < logobj::LOG_HEADER_BYTES as u64 + logobj::LOG_TRAILER_BYTES {
+                        return Err(EngineError::Corrupt(format!("{key}: too short")));
+                    }
+                    let trailer = bucket.get_range(&key, size - logobj::LOG_TRAILER_BYTES..size).await?;
+                    let range = logobj::parse_trailer(&key, size, &trailer)?;
+                    let sealed = bucket.get_range(&key, range).await?;
+                    Ok::<_, EngineError>(logobj::open_log_meta(&sealer, &key, seq, &sealed)?)
+                }
+            })
+            .buffered(REPLAY_CONCURRENCY);
+        let records: Vec<Vec<MetaOp>> = records.try_collect().await?;
+        for ops in &records {
+            for op in ops {
+                committed.apply(op);
+            }
+        }
+        let last_seq = known_logs.iter().next_back().copied().unwrap_or(0).max(checkpoint_seq);
+        tracing::info!(checkpoint_seq, replayed = records.len(), last_seq, extents = committed.extent_count(), "opened bucket");
+        let sealer = Arc::try_unwrap(sealer).unwrap_or_else(|_| unreachable!("replay tasks finished"));
+        let disk_cache = match &opts.disk_cache_dir {
+            Some(dir) if opts.disk_cache_bytes_max > 0 => Some(
+                DiskCache::open(dir.clone(), opts.disk_cache_bytes_max)
+                    .map_err(|e| EngineError::Store(StoreError::Permanent(format!("cache directory {}: {e}", dir.display()))))?,
+            ),
+            _ => None,
+        };
+        // Writes retry against the memory tier until their base is there: never let it be tiny.
+        let clean_extents = (opts.memory_cache_bytes_max as usize / EXTENT_SIZE_BYTES).max(1024);
+        let engine = Engine {
+            inner: Arc::new(Inner {
+                bucket,
+                sealer,
+                codec: opts.codec,
+                read_only: opts.read_only,
+                state: Mutex::new(State {
+                    write_gen: 0,
+                    pending: Batch::default(),
+                    flushing: None,
+                    committed,
+                    commit_gen: 0,
+                    clean: lru::LruCache::new(NonZeroUsize::new(clean_extents).expect("at least 1024")),
+                }),
+                flush: tokio::sync::Mutex::new(FlushCtl { next_seq: last_seq + 1, stuck: None, checkpoint_seq, known_logs }),
+                durable_gen: AtomicU64::new(0),
+                poisoned: Mutex::new(None),
+                disk_cache,
+                lock_holder,
+                checkpoint_running: AtomicBool::new(false),
+                counters: Counters::default(),
+            }),
+        };
+        if !opts.read_only {
+            engine.spawn_periodic_flush(opts.flush_interval);
+        }
+        Ok(engine)
+    }
+
+    fn spawn_periodic_flush(&self, interval: Duration) {
+        let weak = Arc::downgrade(&self.inner);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(interval);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                let Some(inner) = weak.upgrade() else { return };
+                let engine = Engine { inner };
+                if engine.has_unflushed() {
+                    if let Err(e) = engine.flush().await {
+                        tracing::error!(error = %e, "periodic flush failed; unflushed writes stay in memory and are retried");
+                    }
+                }
+            }
+        });
+    }
+
+    pub fn read_only(&self) -> bool {
+        self.inner.read_only
+    }
+
+    fn has_unflushed(&self) -> bool {
+        let st = self.inner.state.lock();
+        st.write_gen > self.inner.durable_gen.load(Ordering::Acquire) || st.flushing.is_some()
+    }
+
+    fn check_writable(&self) -> Result<(), EngineError> {
+        if self.inner.read_only {
+            return Err(EngineError::ReadOnly);
+        }
+        if let Some(why) = &*self.inner.poisoned.lock() {
+            return Err(EngineError::Poisoned(why.clone()));
+        }
+        Ok(())
+    }
+
+    /// Writers wait here while too much unflushed data is in memory.
+    async fn make_room(&self) -> Result<(), EngineError> {
+        while self.inner.state.lock().pending.data_bytes() >= DIRTY_BYTES_MAX {
+            self.flush().await?;
+        }
+        Ok(())
+    }
+
+    // ---- data -------------------------------------------------------------------------------
+
+    /// Writes `fill` into `ino` at `offset` (`length` bytes), atomically.
+    pub async fn write(&self, ino: u64, offset: u64, length: u64, fill: Fill<'_>) -> Result<(), EngineError> {
+        self.check_writable()?;
+        if length == 0 {
+            return Ok(());
+        }
+        if let Fill::Data(d) = fill {
+            assert_eq!(d.len() as u64, length, "data length matches the range");
+        }
+        self.make_room().await?;
+        let first = offset / EXTENT_SIZE_BYTES_U64;
+        let last = (offset + length - 1) / EXTENT_SIZE_BYTES_U64;
+        loop {
+            // Partial extents need their current content first; fetch those that are neither in
+            // memory nor holes, outside the lock, then try again.
+            let (missing, commit_gen) = {
+                let mut st = self.inner.state.lock();
+                let mut missing = Vec::new();
+                for index in [first, last] {
+                    let (start, end) = extent_span(index, offset, length);
+                    if start == 0 && end == EXTENT_SIZE_BYTES {
+                        continue;
+                    }
+                    if let Found::Stored(ptr) = st.find(ino, index) {
+                        if !missing.iter().any(|(i, _)| *i == index) {
+                            missing.push((index, ptr));
+                        }
+                    }
+                }
+                if missing.is_empty() {
+                    self.apply_write(&mut st, ino, offset, length, first, last, fill);
+                    st.write_gen += 1;
+                    return Ok(());
+                }
+                (missing, st.commit_gen)
+            };
+            let fetched = self.fetch(ino, &missing).await?;
+            let mut st = self.inner.state.lock();
+            if st.commit_gen == commit_gen {
+                for (index, data) in fetched {
+                    st.clean.put((ino, index), data);
+                }
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn apply_write(&self, st: &mut State, ino: u64, offset: u64, length: u64, first: u64, last: u64, fill: Fill<'_>) {
+        for index in first..=last {
+            let (start, end) = extent_span(index, offset, length);
+            let whole = start == 0 && end == EXTENT_SIZE_BYTES;
+            let src_at = (index * EXTENT_SIZE_BYTES_U64 + start as u64 - offset) as usize;
+            if whole {
+                match fill {
+                    Fill::Zeroes { punch: true } => {
+                        st.punch(ino, index);
+                        continue;
+                    }
+                    Fill::Zeroes { punch: false } => {
+                        st.pending.extents.insert((ino, index), Dirty::Data(Arc::new(vec![0; EXTENT_SIZE_BYTES])));
+                        continue;
+                    }
+                    Fill::Data(d) => {
+                        let data = d[src_at..src_at + EXTENT_SIZE_BYTES].to_vec();
+                        st.pending.extents.insert((ino, index), Dirty::Data(Arc::new(data)));
+                        continue;
+                    }
+                }
+            }
+            let mut buf = match st.pending.extents.remove(&(ino, index)) {
+                Some(Dirty::Data(d)) => d,
+                Some(Dirty::Hole) => Arc::new(vec![0; EXTENT_SIZE_BYTES]),
+                None => match st.find(ino, index) {
+                    Found::Data(d) => d,
+                    Found::Zero => Arc::new(vec![0; EXTENT_SIZE_BYTES]),
+                    Found::Stored(_) => unreachable!("write() fetched every partial extent's base first"),
+                },
+            };
+            let target = &mut Arc::make_mut(&mut buf)[start..end];
+            match fill {
+                Fill::Data(d) => target.copy_from_slice(&d[src_at..src_at + (end - start)]),
+                Fill::Zeroes { .. } => target.fill(0),
+            }
+            st.pending.extents.insert((ino, index), Dirty::Data(buf));
+        }
+    }
+
+    pub async fn read(&self, ino: u64, offset: u64, length: usize) -> Result<Vec<u8>, EngineError> {
+        let mut out = vec![0u8; length];
+        if length == 0 {
+            return Ok(out);
+        }
+        let first = offset / EXTENT_SIZE_BYTES_U64;
+        let last = (offset + length as u64 - 1) / EXTENT_SIZE_BYTES_U64;
+        let mut found = Vec::with_capacity((last - first + 1) as usize);
+        let mut missing = Vec::new();
+        let commit_gen = {
+            let mut st = self.inner.state.lock();
+            for index in first..=last {
+                match st.find(ino, index) {
+                    Found::Data(d) => found.push((index, d)),
+                    Found::Zero => {}
+                    Found::Stored(ptr) => missing.push((index, ptr)),
+                }
+            }
+            st.commit_gen
+        };
+        if !missing.is_empty() {
+            let fetched = self.fetch(ino, &missing).await?;
+            let mut st = self.inner.state.lock();
+            if st.commit_gen == commit_gen {
+                for (index, data) in &fetched {
+                    st.clean.put((ino, *index), data.clone());
+                }
+            }
+            drop(st);
+            found.extend(fetched);
+        }
+        for (index, data) in found {
+            let (start, end) = extent_span(index, offset, length as u64);
+            let dst = (index * EXTENT_SIZE_BYTES_U64 + start as u64 - offset) as usize;
+            out[dst..dst + end - start].copy_from_slice(&data[start..end]);
+        }
+        Ok(out)
+    }
+
+    /// Fetches and decodes stored extents, coalescing neighbours in one log object into one GET.
+    async fn fetch(&self, ino: u64, wanted: &[(u64, ExtentPtr)]) -> Result<Vec<(u64, Arc<Vec<u8>>)>, EngineError> {
+        let mut sorted = wanted.to_vec();
+        sorted.sort_by_key(|(_, p)| (p.seq, p.offset));
+        let mut groups: Vec<Vec<(u64, ExtentPtr)>> = Vec::new();
+        for item in sorted {
+            match groups.last_mut() {
+                Some(g) if {
+                    let prev = g.last().expect("groups are never empty").1;
+                    prev.seq == item.1.seq
+                        && u64::from(item.1.offset) <= u64::from(prev.offset) + u64::from(prev.length) + READ_COALESCE_GAP_BYTES
+                } => g.push(item),
+                _ => groups.push(vec![item]),
+            }
+        }
+        let results: Vec<Vec<(u64, Arc<Vec<u8>>)>> = futures::stream::iter(groups)
+            .map(|g| self.fetch_group(ino, g))
+            .buffer_unordered(READ_FETCH_CONCURRENCY)
+            .try_collect()
+            .await?;
+        Ok(results.into_iter().flatten().collect())
+    }
+
+    async fn fetch_group(&self, ino: u64, group: Vec<(u64, ExtentPtr)>) -> Result<Vec<(u64, Arc<Vec<u8>>)>, EngineError> {
+        let seq = group[0].1.seq;
+        let key = logobj::log_key(seq);
+        let mut frames: Vec<Option<Vec<u8>>> = group
+            .iter()
+            .map(|(_, p)| self.inner.disk_cache.as_ref().and_then(|c| c.get(p.seq, p.offset, p.length)))
+            .collect();
+        if frames.iter().any(|f| f.is_none()) {
+            let lo = group.iter().zip(&frames).filter(|(_, f)| f.is_none()).map(|((_, p), _)| u64::from(p.offset)).min().expect("some missing");
+            let hi = group
+                .iter()
+                .zip(&frames)
+                .filter(|(_, f)| f.is_none())
+                .map(|((_, p), _)| u64::from(p.offset) + u64::from(p.length))
+                .max()
+                .expect("some missing");
+            let bytes = self.inner.bucket.get_range(&key, lo..hi).await?;
+            for ((_, p), slot) in group.iter().zip(frames.iter_mut()) {
+                if slot.is_none() {
+                    let at = (u64::from(p.offset) - lo) as usize;
+                    let frame = bytes[at..at + p.length as usize].to_vec();
+                    if let Some(c) = &self.inner.disk_cache {
+                        c.put_frame(p.seq, p.offset, &frame);
+                    }
+                    *slot = Some(frame);
+                }
+            }
+        }
+        let mut out = Vec::with_capacity(group.len());
+        for ((index, _), frame) in group.iter().zip(frames) {
+            let frame = frame.expect("every frame was filled above");
+            match frame::decode(&self.inner.sealer, ino, *index, &frame) {
+                Ok(plain) => out.push((*index, Arc::new(plain))),
+                Err(e) => {
+                    tracing::error!(object = %key, error = %e, "stored data failed verification; answering EIO");
+                    if let Some(c) = &self.inner.disk_cache {
+                        c.drop_object(seq);
+                    }
+                    return Err(EngineError::Corrupt(format!("{key}: {e}")));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Allocation map of `ino` over `offset..offset+length`: runs of (length, allocated).
+    pub fn allocation(&self, ino: u64, offset: u64, length: u64) -> Vec<(u64, bool)> {
+        if length == 0 {
+            return Vec::new();
+        }
+        let first = offset / EXTENT_SIZE_BYTES_U64;
+        let last = (offset + length - 1) / EXTENT_SIZE_BYTES_U64;
+        let st = self.inner.state.lock();
+        let mut allocated: BTreeSet<u64> = st.committed.extent_indexes(ino, first..last + 1).into_iter().collect();
+        for batch in [st.flushing.as_deref(), Some(&st.pending)].into_iter().flatten() {
+            for ((i, index), d) in &batch.extents {
+                if *i == ino && (first..=last).contains(index) {
+                    match d {
+                        Dirty::Data(_) => allocated.insert(*index),
+                        Dirty::Hole => allocated.remove(index),
+                    };
+                }
+            }
+        }
+        drop(st);
+        let mut runs: Vec<(u64, bool)> = Vec::new();
+        let end = offset + length;
+        let mut at = offset;
+        while at < end {
+            let index = at / EXTENT_SIZE_BYTES_U64;
+            let next = ((index + 1) * EXTENT_SIZE_BYTES_U64).min(end);
+            let a = allocated.contains(&index);
+            match runs.last_mut() {
+                Some((len, prev)) if *prev == a => *len += next - at,
+                _ => runs.push((next - at, a)),
+            }
+            at = next;
+        }
+        runs
+    }
+
+    /// Deallocates every extent of `ino` at or beyond `from_index` (file deletion, truncation).
+    pub fn drop_extents_from(&self, ino: u64, from_index: u64) -> Result<(), EngineError> {
+        self.check_writable()?;
+        let mut st = self.inner.state.lock();
+        let mut indexes: BTreeSet<u64> = st.committed.extent_indexes(ino, from_index..u64::MAX).into_iter().collect();
+        for batch in [st.flushing.as_deref(), Some(&st.pending)].into_iter().flatten() {
+            indexes.extend(batch.extents.keys().filter(|(i, x)| *i == ino && *x >= from_index).map(|(_, x)| *x));
+        }
+        for index in indexes {
+            st.punch(ino, index);
+        }
+        st.write_gen += 1;
+        Ok(())
+    }
+
+    // ---- metadata key-value pairs -----------------------------------------------------------
+
+    pub fn kv_get(&self, key: &[u8]) -> Option<Vec<u8>> {
+        self.inner.state.lock().kv_get(key)
+    }
+
+    /// Every pair whose key starts with `prefix`, in key order.
+    pub fn kv_scan(&self, prefix: &[u8]) -> Vec<(Vec<u8>, Vec<u8>)> {
+        let st = self.inner.state.lock();
+        let mut merged: BTreeMap<Vec<u8>, Option<Vec<u8>>> =
+            st.committed.kv_range(prefix).map(|(k, v)| (k.clone(), Some(v.clone()))).collect();
+        for batch in [st.flushing.as_deref(), Some(&st.pending)].into_iter().flatten() {
+            for (k, v) in batch.kv.range(prefix.to_vec()..).take_while(|(k, _)| k.starts_with(prefix)) {
+                merged.insert(k.clone(), v.clone());
+            }
+        }
+        merged.into_iter().filter_map(|(k, v)| v.map(|v| (k, v))).collect()
+    }
+
+    /// Applies the changes atomically (all of them are in the same flush).
+    pub fn kv_commit(&self, changes: Vec<KvChange>) -> Result<(), EngineError> {
+        self.check_writable()?;
+        let mut st = self.inner.state.lock();
+        for c in changes {
+            match c {
+                KvChange::Put(k, v) => st.pending.kv.insert(k, Some(v)),
+                KvChange::Delete(k) => st.pending.kv.insert(k, None),
+            };
+        }
+        st.write_gen += 1;
+        Ok(())
+    }
+
+    // ---- the flush barrier ------------------------------------------------------------------
+
+    /// Returns once every mutation applied before the call is durable in the bucket.
+    /// Concurrent callers share uploads (group commit).
+    pub async fn flush(&self) -> Result<(), EngineError> {
+        if self.inner.read_only {
+            return Ok(());
+        }
+        let target = self.inner.state.lock().write_gen;
+        loop {
+            if self.inner.durable_gen.load(Ordering::Acquire) >= target {
+                return Ok(());
+            }
+            if let Some(why) = &*self.inner.poisoned.lock() {
+                return Err(EngineError::Poisoned(why.clone()));
+            }
+            let mut ctl = self.inner.flush.lock().await;
+            if self.inner.durable_gen.load(Ordering::Acquire) >= target {
+                return Ok(());
+            }
+            self.flush_locked(&mut ctl).await?;
+        }
+    }
+
+    async fn flush_locked(&self, ctl: &mut FlushCtl) -> Result<(), EngineError> {
+        if let Some((seq, object, ops)) = ctl.stuck.take() {
+            match self.upload(seq, object.clone()).await {
+                Ok(()) => self.commit(ctl, seq, &ops, &object),
+                Err(e) => {
+                    ctl.stuck = Some((seq, object, ops));
+                    return Err(e);
+                }
+            }
+        }
+        let batch = {
+            let mut st = self.inner.state.lock();
+            let mut batch = std::mem::take(&mut st.pending);
+            batch.gen = st.write_gen;
+            if batch.is_empty() {
+                self.inner.durable_gen.fetch_max(batch.gen, Ordering::AcqRel);
+                return Ok(());
+            }
+            let batch = Arc::new(batch);
+            st.flushing = Some(batch.clone());
+            batch
+        };
+        let seq = ctl.next_seq;
+        ctl.next_seq += 1;
+        let (object, ops) = self.encode(seq, batch.clone()).await;
+        let object = Bytes::from(object);
+        self.inner.counters.flushes.fetch_add(1, Ordering::Relaxed);
+        match self.upload(seq, object.clone()).await {
+            Ok(()) => {
+                self.commit(ctl, seq, &ops, &object);
+                Ok(())
+            }
+            Err(e) => {
+                tracing::error!(seq, error = %e, "flush failed; its batch stays in memory and is uploaded again by the next flush");
+                ctl.stuck = Some((seq, object, ops));
+                Err(e)
+            }
+        }
+    }
+
+    async fn upload(&self, seq: u64, object: Bytes) -> Result<(), EngineError> {
+        let key = logobj::log_key(seq);
+        match self.inner.bucket.put(&key, object.clone(), PutMode::Create).await {
+            Ok(()) => Ok(()),
+            Err(StoreError::AlreadyExists(_)) => {
+                let why = format!("{key} was written by another process: a second writer is using this bucket");
+                tracing::error!("{why}");
+                *self.inner.poisoned.lock() = Some(why.clone());
+                Err(EngineError::Poisoned(why))
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Seals the batch's extents (on blocking threads, in parallel) into a log object.
+    async fn encode(&self, seq: u64, batch: Arc<Batch>) -> (Vec<u8>, Vec<MetaOp>) {
+        let engine = self.clone();
+        tokio::task::spawn_blocking(move || engine.encode_blocking(seq, &batch)).await.expect("encoding does not panic")
+    }
+
+    fn encode_blocking(&self, seq: u64, batch: &Batch) -> (Vec<u8>, Vec<MetaOp>) {
+        let mut ops: Vec<MetaOp> = batch
+            .kv
+            .iter()
+            .map(|(k, v)| match v {
+                Some(v) => MetaOp::KvPut { key: k.clone(), value: v.clone() },
+                None => MetaOp::KvDelete { key: k.clone() },
+            })
+            .collect();
+        let mut data: Vec<(u64, u64, &Arc<Vec<u8>>)> = Vec::new();
+        for ((ino, index), d) in &batch.extents {
+            match d {
+                Dirty::Data(buf) => data.push((*ino, *index, buf)),
+                Dirty::Hole => ops.push(MetaOp::ExtentClear { ino: *ino, index: *index }),
+            }
+        }
+        data.sort_unstable_by_key(|(ino, index, _)| (*ino, *index));
+        let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(data.len().div_ceil(8)).max(1);
+        let chunk = data.len().div_ceil(threads).max(1);
+        let sealer = &self.inner.sealer;
+        let codec = self.inner.codec;
+        let parts: Vec<(Vec<u8>, Vec<(u64, u64, usize)>)> = std::thread::scope(|s| {
+            let handles: Vec<_> = data
+                .chunks(chunk)
+                .map(|part| {
+                    s.spawn(move || {
+                        let mut buf = Vec::with_capacity(part.len() * EXTENT_SIZE_BYTES / 2);
+                        let mut lens = Vec::with_capacity(part.len());
+                        for (ino, index, plain) in part {
+                            let n = frame::encode(&mut buf, sealer, codec, *ino, *index, plain);
+                            lens.push((*ino, *index, n));
+                        }
+                        (buf, lens)
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().expect("sealing does not panic")).collect()
+        });
+        let total: usize = parts.iter().map(|(b, _)| b.len()).sum();
+        let mut object = logobj::begin_log(seq, total + 4096);
+        for (buf, lens) in parts {
+            let mut at = object.len();
+            object.extend_from_slice(&buf);
+            for (ino, index, n) in lens {
+                let ptr = ExtentPtr { seq, offset: u32::try_from(at).expect("log objects stay below 4 GiB"), length: n as u32 };
+                ops.push(MetaOp::ExtentSet { ino, index, ptr });
+                at += n;
+            }
+        }
+        logobj::finish_log(&mut object, sealer, seq, &ops);
+        (object, ops)
+    }
+
+    /// Makes an uploaded log object the committed state.
+    fn commit(&self, ctl: &mut FlushCtl, seq: u64, ops: &[MetaOp], object: &Bytes) {
+        let snapshot = {
+            let mut st = self.inner.state.lock();
+            let batch = st.flushing.take().expect("a committed batch was flushing");
+            for op in ops {
+                st.committed.apply(op);
+            }
+            for ((ino, index), d) in &batch.extents {
+                match d {
+                    Dirty::Data(buf) => {
+                        st.clean.put((*ino, *index), buf.clone());
+                    }
+                    Dirty::Hole => {
+                        st.clean.pop(&(*ino, *index));
+                    }
+                }
+            }
+            st.commit_gen += 1;
+            self.inner.durable_gen.fetch_max(batch.gen, Ordering::AcqRel);
+            let due = seq >= ctl.checkpoint_seq + LOG_OBJECTS_PER_CHECKPOINT;
+            (due && !self.inner.checkpoint_running.swap(true, Ordering::AcqRel)).then(|| st.committed.clone())
+        };
+        ctl.known_logs.insert(seq);
+        self.inner.counters.log_objects_written.fetch_add(1, Ordering::Relaxed);
+        self.inner.counters.log_bytes_written.fetch_add(object.len() as u64, Ordering::Relaxed);
+        if let Some(c) = &self.inner.disk_cache {
+            c.put_object(seq, object);
+        }
+        if let Some(state) = snapshot {
+            ctl.checkpoint_seq = seq;
+            let candidates: Vec<u64> = ctl.known_logs.range(..=seq).copied().collect();
+            let engine = self.clone();
+            tokio::spawn(async move {
+                if let Err(e) = engine.checkpoint_and_collect(seq, state, candidates).await {
+                    tracing::error!(seq, error = %e, "checkpoint failed; the log keeps growing until the next one");
+                }
+                engine.inner.checkpoint_running.store(false, Ordering::Release);
+            });
+        }
+    }
+
+    /// Writes a checkpoint as of log object `seq`, then deletes what it made unnecessary: older
+    /// checkpoints and log objects up to `seq` that hold no live extent.
+    async fn checkpoint_and_collect(&self, seq: u64, state: MetaState, candidates: Vec<u64>) -> Result<(), EngineError> {
+        let engine = self.clone();
+        let object = tokio::task::spawn_blocking(move || logobj::encode_checkpoint(&engine.inner.sealer, seq, &state.to_ops()))
+            .await
+            .expect("encoding does not panic");
+        self.inner.bucket.put(&logobj::checkpoint_key(seq), Bytes::from(object), PutMode::Create).await?;
+        self.inner.counters.checkpoints_written.fetch_add(1, Ordering::Relaxed);
+        for old in self.inner.bucket.list("checkpoint/").await? {
+            if logobj::parse_seq(&old.key, "checkpoint").is_some_and(|s| s < seq) {
+                self.inner.bucket.delete(&old.key).await?;
+            }
+        }
+        // Live bytes of a log object only ever fall (new pointers point at new objects), so an
+        // object found dead here stays dead.
+        let dead: Vec<u64> = {
+            let st = self.inner.state.lock();
+            candidates.into_iter().filter(|s| st.committed.live_bytes(*s) == 0).collect()
+        };
+        for s in dead {
+            self.inner.bucket.delete(&logobj::log_key(s)).await?;
+            self.inner.flush.lock().await.known_logs.remove(&s);
+            if let Some(c) = &self.inner.disk_cache {
+                c.drop_object(s);
+            }
+            self.inner.counters.log_objects_deleted.fetch_add(1, Ordering::Relaxed);
+        }
+        tracing::info!(seq, "checkpoint written");
+        Ok(())
+    }
+
+    /// Flushes, then gives up the writer lock. The engine refuses writes afterwards.
+    pub async fn close(&self) -> Result<(), EngineError> {
+        if self.inner.read_only {
+            return Ok(());
+        }
+        self.flush().await?;
+        *self.inner.poisoned.lock() = Some("the engine is closed".into());
+        if let Some(me) = &self.inner.lock_holder {
+            lease::release(&self.inner.bucket, me).await?;
+        }
+        Ok(())
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        let c = &self.inner.counters;
+        let st = self.inner.state.lock();
+        EngineStats {
+            flushes: c.flushes.load(Ordering::Relaxed),
+            log_objects_written: c.log_objects_written.load(Ordering::Relaxed),
+            log_bytes_written: c.log_bytes_written.load(Ordering::Relaxed),
+            checkpoints_written: c.checkpoints_written.load(Ordering::Relaxed),
+            log_objects_deleted: c.log_objects_deleted.load(Ordering::Relaxed),
+            pending_bytes: st.pending.data_bytes() as u64,
+            extents: st.committed.extent_count() as u64,
+            memory_cache_extents: st.clean.len() as u64,
+            disk_cache_bytes: self.inner.disk_cache.as_ref().map_or(0, |c| c.bytes()),
+        }
+    }
+}
+
+/// The part of extent `index` that `offset..offset+length` covers, as a byte range in the extent.
+fn extent_span(index: u64, offset: u64, length: u64) -> (usize, usize) {
+    let base = index * EXTENT_SIZE_BYTES_U64;
+    let start = offset.max(base) - base;
+    let end = (offset + length).min(base + EXTENT_SIZE_BYTES_U64) - base;
+    (start as usize, end as usize)
+}

@@ -1,0 +1,19 @@
+//! The bucketfs storage engine: file data in sealed extents inside immutable log objects,
+//! metadata replayed from those objects and checkpoints, one flush barrier with group commit.
+//! It knows nothing of POSIX: files are inode numbers with extents, plus key-value pairs that
+//! the filesystem core gives meaning to.
+
+pub mod bucket;
+mod cache;
+mod crypto;
+mod engine;
+mod frame;
+mod lease;
+pub mod limits;
+mod logobj;
+mod meta;
+
+pub use crypto::KeyError;
+pub use engine::{change_password, Engine, EngineError, EngineOptions, EngineStats, Fill, KvChange, SUPERBLOCK_KEY};
+pub use frame::Codec;
+pub use lease::LeaseError;

@@ -1,0 +1,41 @@
+//! Every size, count and budget of the engine, in one place, each with the reason for its value.
+
+/// Files are cut into extents of this size. 32 KiB keeps the read-modify-write of a 4 KiB
+/// filesystem block or an 8 KiB PostgreSQL page cheap while still compressing well.
+pub const EXTENT_SIZE_BYTES: usize = 32 * 1024;
+pub const EXTENT_SIZE_BYTES_U64: u64 = EXTENT_SIZE_BYTES as u64;
+
+/// Unflushed data held in memory before writers wait for a flush. Bounds both memory and the size
+/// of one log object (a flush uploads everything dirty as one object).
+pub const DIRTY_BYTES_MAX: usize = 64 * 1024 * 1024;
+
+/// A checkpoint is written once this many log objects follow the previous one, so that opening a
+/// bucket never replays more than this many objects' metadata records.
+pub const LOG_OBJECTS_PER_CHECKPOINT: u64 = 1024;
+
+/// Log objects whose metadata records are read concurrently when opening a bucket.
+pub const REPLAY_CONCURRENCY: usize = 32;
+
+/// Ranged GETs in flight for one read request.
+pub const READ_FETCH_CONCURRENCY: usize = 16;
+
+/// Adjacent frames of one log object are fetched with one ranged GET while the gap between them is
+/// at most this many bytes (reading a little waste is cheaper than another round trip).
+pub const READ_COALESCE_GAP_BYTES: u64 = 64 * 1024;
+
+/// Attempts of one object-store request before the error is reported (transient errors only).
+pub const STORE_ATTEMPTS_MAX: u32 = 5;
+/// First retry delay; doubled on every attempt.
+pub const STORE_RETRY_BASE_DELAY_MS: u64 = 50;
+/// A single object-store request taking longer than this counts as a transient failure.
+pub const STORE_REQUEST_TIMEOUT_MS: u64 = 30_000;
+
+/// Argon2id cost for deriving the key-wrapping key from the password: 64 MiB, 3 passes
+/// (OWASP's recommended floor); paid once per open, never per request.
+pub const ARGON2_MEMORY_KIB: u32 = 64 * 1024;
+pub const ARGON2_PASSES: u32 = 3;
+
+const _: () = assert!(EXTENT_SIZE_BYTES % 4096 == 0);
+const _: () = assert!(DIRTY_BYTES_MAX >= 64 * EXTENT_SIZE_BYTES);
+// Frame offsets inside a log object are u32.
+const _: () = assert!((DIRTY_BYTES_MAX as u64) * 2 < u32::MAX as u64);

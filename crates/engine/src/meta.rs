@@ -1,0 +1,259 @@
+//! Metadata: the key-value pairs of the filesystem core and the extent map of every file.
+//!
+//! The whole map is held in memory (docs/0001-bucket-layout-and-flush.md says why and what that
+//! costs). It changes only by applying [`MetaOp`]s, the same ops that log objects carry, so the
+//! state after replaying the log is the state that was committed.
+
+use std::collections::{BTreeMap, HashMap};
+
+/// Where one extent's frame is stored: in log object `seq`, at `offset`, `length` bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExtentPtr {
+    pub seq: u64,
+    pub offset: u32,
+    pub length: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MetaOp {
+    KvPut { key: Vec<u8>, value: Vec<u8> },
+    KvDelete { key: Vec<u8> },
+    ExtentSet { ino: u64, index: u64, ptr: ExtentPtr },
+    ExtentClear { ino: u64, index: u64 },
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("metadata record is malformed at byte {at}: {why}")]
+pub struct DecodeError {
+    pub at: usize,
+    pub why: &'static str,
+}
+
+const TAG_KV_PUT: u8 = 1;
+const TAG_KV_DELETE: u8 = 2;
+const TAG_EXTENT_SET: u8 = 3;
+const TAG_EXTENT_CLEAR: u8 = 4;
+
+pub fn encode_ops(ops: &[MetaOp], out: &mut Vec<u8>) {
+    out.extend_from_slice(&(ops.len() as u64).to_le_bytes());
+    for op in ops {
+        match op {
+            MetaOp::KvPut { key, value } => {
+                out.push(TAG_KV_PUT);
+                put_bytes(out, key);
+                put_bytes(out, value);
+            }
+            MetaOp::KvDelete { key } => {
+                out.push(TAG_KV_DELETE);
+                put_bytes(out, key);
+            }
+            MetaOp::ExtentSet { ino, index, ptr } => {
+                out.push(TAG_EXTENT_SET);
+                out.extend_from_slice(&ino.to_le_bytes());
+                out.extend_from_slice(&index.to_le_bytes());
+                out.extend_from_slice(&ptr.seq.to_le_bytes());
+                out.extend_from_slice(&ptr.offset.to_le_bytes());
+                out.extend_from_slice(&ptr.length.to_le_bytes());
+            }
+            MetaOp::ExtentClear { ino, index } => {
+                out.push(TAG_EXTENT_CLEAR);
+                out.extend_from_slice(&ino.to_le_bytes());
+                out.extend_from_slice(&index.to_le_bytes());
+            }
+        }
+    }
+}
+
+fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
+    out.extend_from_slice(&(b.len() as u32).to_le_bytes());
+    out.extend_from_slice(b);
+}
+
+struct Reader<'a> {
+    buf: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
+        let end = self.at.checked_add(n).filter(|&e| e <= self.buf.len());
+        let end = end.ok_or(DecodeError { at: self.at, why: "truncated" })?;
+        let s = &self.buf[self.at..end];
+        self.at = end;
+        Ok(s)
+    }
+    fn u8(&mut self) -> Result<u8, DecodeError> {
+        Ok(self.take(1)?[0])
+    }
+    fn u32(&mut self) -> Result<u32, DecodeError> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("take(4) returns 4 bytes")))
+    }
+    fn u64(&mut self) -> Result<u64, DecodeError> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("take(8) returns 8 bytes")))
+    }
+    fn bytes(&mut self) -> Result<Vec<u8>, DecodeError> {
+        let n = self.u32()? as usize;
+        Ok(self.take(n)?.to_vec())
+    }
+}
+
+pub fn decode_ops(buf: &[u8]) -> Result<Vec<MetaOp>, DecodeError> {
+    let mut r = Reader { buf, at: 0 };
+    let count = r.u64()?;
+    // Each op takes at least 5 bytes: a count larger than that is a lie, not an allocation.
+    if count > (buf.len() / 5) as u64 {
+        return Err(DecodeError { at: 0, why: "op count exceeds record size" });
+    }
+    let mut ops = Vec::with_capacity(count as usize);
+    for _ in 0..count {
+        let at = r.at;
+        ops.push(match r.u8()? {
+            TAG_KV_PUT => MetaOp::KvPut { key: r.bytes()?, value: r.bytes()? },
+            TAG_KV_DELETE => MetaOp::KvDelete { key: r.bytes()? },
+            TAG_EXTENT_SET => MetaOp::ExtentSet {
+                ino: r.u64()?,
+                index: r.u64()?,
+                ptr: ExtentPtr { seq: r.u64()?, offset: r.u32()?, length: r.u32()? },
+            },
+            TAG_EXTENT_CLEAR => MetaOp::ExtentClear { ino: r.u64()?, index: r.u64()? },
+            _ => return Err(DecodeError { at, why: "unknown op tag" }),
+        });
+    }
+    if r.at != buf.len() {
+        return Err(DecodeError { at: r.at, why: "trailing bytes" });
+    }
+    Ok(ops)
+}
+
+/// The committed metadata. `live_bytes` is derived from the extent map (never stored): the bytes
+/// of each log object still referenced, which tells the garbage collector what it may delete.
+#[derive(Debug, Default, Clone)]
+pub struct MetaState {
+    kv: BTreeMap<Vec<u8>, Vec<u8>>,
+    extents: HashMap<u64, BTreeMap<u64, ExtentPtr>>,
+    live_bytes: HashMap<u64, u64>,
+}
+
+impl MetaState {
+    pub fn apply(&mut self, op: &MetaOp) {
+        match op {
+            MetaOp::KvPut { key, value } => {
+                self.kv.insert(key.clone(), value.clone());
+            }
+            MetaOp::KvDelete { key } => {
+                self.kv.remove(key);
+            }
+            MetaOp::ExtentSet { ino, index, ptr } => {
+                let old = self.extents.entry(*ino).or_default().insert(*index, *ptr);
+                *self.live_bytes.entry(ptr.seq).or_default() += u64::from(ptr.length);
+                if let Some(old) = old {
+                    self.debit(old);
+                }
+            }
+            MetaOp::ExtentClear { ino, index } => {
+                if let Some(map) = self.extents.get_mut(ino) {
+                    if let Some(old) = map.remove(index) {
+                        if map.is_empty() {
+                            self.extents.remove(ino);
+                        }
+                        self.debit(old);
+                    }
+                }
+            }
+        }
+    }
+
+    fn debit(&mut self, old: ExtentPtr) {
+        let live = self.live_bytes.get_mut(&old.seq).expect("every stored pointer was credited to its log object");
+        *live = live.checked_sub(u64::from(old.length)).expect("live bytes never go below zero");
+        if *live == 0 {
+            self.live_bytes.remove(&old.seq);
+        }
+    }
+
+    pub fn kv_get(&self, key: &[u8]) -> Option<&Vec<u8>> {
+        self.kv.get(key)
+    }
+
+    pub fn kv_range<'a>(&'a self, prefix: &'a [u8]) -> impl Iterator<Item = (&'a Vec<u8>, &'a Vec<u8>)> + 'a {
+        self.kv.range(prefix.to_vec()..).take_while(move |(k, _)| k.starts_with(prefix))
+    }
+
+    pub fn extent(&self, ino: u64, index: u64) -> Option<ExtentPtr> {
+        self.extents.get(&ino).and_then(|m| m.get(&index)).copied()
+    }
+
+    /// Allocated extent indexes of `ino` in `range`.
+    pub fn extent_indexes(&self, ino: u64, range: std::ops::Range<u64>) -> Vec<u64> {
+        match self.extents.get(&ino) {
+            Some(m) => m.range(range).map(|(i, _)| *i).collect(),
+            None => Vec::new(),
+        }
+    }
+
+    pub fn live_bytes(&self, seq: u64) -> u64 {
+        self.live_bytes.get(&seq).copied().unwrap_or(0)
+    }
+
+    pub fn extent_count(&self) -> usize {
+        self.extents.values().map(|m| m.len()).sum()
+    }
+
+    /// The whole state as ops that rebuild it from empty (the body of a checkpoint).
+    pub fn to_ops(&self) -> Vec<MetaOp> {
+        let mut ops = Vec::with_capacity(self.kv.len() + self.extent_count());
+        ops.extend(self.kv.iter().map(|(k, v)| MetaOp::KvPut { key: k.clone(), value: v.clone() }));
+        let mut inos: Vec<_> = self.extents.keys().copied().collect();
+        inos.sort_unstable();
+        for ino in inos {
+            for (index, ptr) in &self.extents[&ino] {
+                ops.push(MetaOp::ExtentSet { ino, index: *index, ptr: *ptr });
+            }
+        }
+        ops
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ops_round_trip_and_garbage_is_rejected() {
+        let ops = vec![
+            MetaOp::KvPut { key: b"a".to_vec(), value: b"xyz".to_vec() },
+            MetaOp::KvDelete { key: b"b".to_vec() },
+            MetaOp::ExtentSet { ino: 5, index: 9, ptr: ExtentPtr { seq: 3, offset: 40, length: 99 } },
+            MetaOp::ExtentClear { ino: 5, index: 10 },
+        ];
+        let mut buf = Vec::new();
+        encode_ops(&ops, &mut buf);
+        assert_eq!(decode_ops(&buf).unwrap(), ops);
+        for cut in 0..buf.len() {
+            assert!(decode_ops(&buf[..cut]).is_err());
+        }
+        let mut huge = buf.clone();
+        huge[..8].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert!(decode_ops(&huge).is_err());
+    }
+
+    #[test]
+    fn live_bytes_follow_the_extent_map() {
+        let mut m = MetaState::default();
+        let p = |seq, length| ExtentPtr { seq, offset: 0, length };
+        m.apply(&MetaOp::ExtentSet { ino: 1, index: 0, ptr: p(1, 10) });
+        m.apply(&MetaOp::ExtentSet { ino: 1, index: 1, ptr: p(1, 20) });
+        assert_eq!(m.live_bytes(1), 30);
+        m.apply(&MetaOp::ExtentSet { ino: 1, index: 0, ptr: p(2, 5) });
+        assert_eq!((m.live_bytes(1), m.live_bytes(2)), (20, 5));
+        m.apply(&MetaOp::ExtentClear { ino: 1, index: 1 });
+        m.apply(&MetaOp::ExtentClear { ino: 1, index: 7 });
+        assert_eq!((m.live_bytes(1), m.live_bytes(2)), (0, 5));
+        let mut rebuilt = MetaState::default();
+        for op in m.to_ops() {
+            rebuilt.apply(&op);
+        }
+        assert_eq!(rebuilt.extent(1, 0), m.extent(1, 0));
+        assert_eq!(rebuilt.live_bytes(2), 5);
+    }
+}

@@ -1,0 +1,255 @@
+//! Engine tests over `memory://`: round trips, crash-reopen at chosen points, faults, corruption.
+
+use bucketfs_engine::bucket::{open_url, Bucket, Fault, FaultyBucket, PutMode, RetryingBucket, SharedBucket};
+use bucketfs_engine::limits::EXTENT_SIZE_BYTES;
+use bucketfs_engine::{Engine, EngineError, EngineOptions, Fill, KeyError, KvChange};
+use proptest::prelude::*;
+use std::sync::Arc;
+
+struct World {
+    faults: Arc<FaultyBucket>,
+    bucket: SharedBucket,
+}
+
+fn world() -> World {
+    let store: SharedBucket = Arc::new(open_url("memory://", &Vec::new()).unwrap());
+    let faults = Arc::new(FaultyBucket::new(store));
+    let bucket: SharedBucket = Arc::new(RetryingBucket::new(faults.clone()));
+    World { faults, bucket }
+}
+
+async fn open(w: &World) -> Engine {
+    Engine::open(w.bucket.clone(), EngineOptions::for_tests("pw")).await.unwrap()
+}
+
+fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len).map(|i| seed.wrapping_add((i % 251) as u8)).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_read_back_at_odd_offsets_and_holes_read_zero() {
+    let w = world();
+    let e = open(&w).await;
+    let data = pattern(3, 77_777);
+    e.write(1, 12_345, data.len() as u64, Fill::Data(&data)).await.unwrap();
+    assert_eq!(e.read(1, 12_345, data.len()).await.unwrap(), data);
+    assert_eq!(e.read(1, 0, 12_345).await.unwrap(), vec![0; 12_345]);
+    assert_eq!(e.read(2, 0, 100).await.unwrap(), vec![0; 100]);
+    e.flush().await.unwrap();
+    let e2 = open(&w).await;
+    assert_eq!(e2.read(1, 12_345, data.len()).await.unwrap(), data);
+    assert_eq!(e2.read(1, 12_340, 10).await.unwrap()[..5], [0; 5]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_without_flush_loses_only_unflushed_writes_whole() {
+    let w = world();
+    let e = open(&w).await;
+    let a = pattern(1, 3 * EXTENT_SIZE_BYTES + 100);
+    e.write(5, 1000, a.len() as u64, Fill::Data(&a)).await.unwrap();
+    e.flush().await.unwrap();
+    let b = pattern(2, 5000);
+    e.write(5, 2000, b.len() as u64, Fill::Data(&b)).await.unwrap();
+    drop(e); // the crash: nothing more reaches the bucket
+    let e = open(&w).await;
+    assert_eq!(e.read(5, 1000, a.len()).await.unwrap(), a, "flushed data survives, unflushed write is absent");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn punch_and_zero_and_allocation_map() {
+    let w = world();
+    let e = open(&w).await;
+    let n = 4 * EXTENT_SIZE_BYTES;
+    let d = pattern(9, n);
+    e.write(1, 0, n as u64, Fill::Data(&d)).await.unwrap();
+    e.flush().await.unwrap();
+    assert_eq!(e.allocation(1, 0, n as u64), vec![(n as u64, true)]);
+    // Punch from the middle of extent 0 to the middle of extent 2: extent 1 becomes a hole.
+    let (off, len) = (EXTENT_SIZE_BYTES as u64 / 2, 2 * EXTENT_SIZE_BYTES as u64);
+    e.write(1, off, len, Fill::Zeroes { punch: true }).await.unwrap();
+    let mut expect = d.clone();
+    expect[off as usize..(off + len) as usize].fill(0);
+    assert_eq!(e.read(1, 0, n).await.unwrap(), expect);
+    let x = EXTENT_SIZE_BYTES as u64;
+    assert_eq!(e.allocation(1, 0, n as u64), vec![(x, true), (x, false), (2 * x, true)]);
+    e.flush().await.unwrap();
+    let e = open(&w).await;
+    assert_eq!(e.read(1, 0, n).await.unwrap(), expect);
+    assert_eq!(e.allocation(1, 0, n as u64), vec![(x, true), (x, false), (2 * x, true)]);
+    // Zeroes without punching stay allocated.
+    e.write(1, 0, x, Fill::Zeroes { punch: false }).await.unwrap();
+    assert_eq!(e.allocation(1, 0, x), vec![(x, true)]);
+    // A never-written range: nothing to do, no error.
+    e.write(7, 0, 1 << 30, Fill::Zeroes { punch: true }).await.unwrap();
+    assert_eq!(e.allocation(7, 0, 1 << 30), vec![(1 << 30, false)]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_password_is_refused_and_writes_nothing() {
+    let w = world();
+    open(&w).await.close().await.unwrap();
+    let before = w.bucket.list("").await.unwrap();
+    let err = Engine::open(w.bucket.clone(), EngineOptions::for_tests("not-pw")).await.err().unwrap();
+    assert!(matches!(err, EngineError::Key(KeyError::WrongPassword)), "{err}");
+    assert!(err.to_string().contains("password"));
+    assert_eq!(w.bucket.list("").await.unwrap(), before);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_writer_elsewhere_is_refused() {
+    let w = world();
+    let holder = br#"{"host":"some-other-host","boot_id":"x","pid":1,"started_unix_s":5}"#;
+    open(&w).await; // creates the superblock
+    w.bucket.put("writer.lock", bytes::Bytes::from_static(holder), PutMode::Overwrite).await.unwrap();
+    let err = Engine::open(w.bucket.clone(), EngineOptions::for_tests("pw")).await.err().unwrap();
+    assert!(err.to_string().contains("in use"), "{err}");
+    assert!(err.to_string().contains("some-other-host"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transient_faults_are_retried_and_exhausted_retries_lose_nothing_acknowledged() {
+    let w = world();
+    let e = open(&w).await;
+    let a = pattern(4, 10_000);
+    e.write(1, 0, a.len() as u64, Fill::Data(&a)).await.unwrap();
+    w.faults.set(Fault::FailNext { count: 2 });
+    e.flush().await.unwrap();
+    // The store is down: the flush fails with an error, reads of cached data keep working.
+    w.faults.set(Fault::FailAll);
+    let b = pattern(5, 10_000);
+    e.write(1, 50_000, b.len() as u64, Fill::Data(&b)).await.unwrap();
+    let err = e.flush().await.err().unwrap();
+    assert!(matches!(err, EngineError::Store(_)), "{err}");
+    assert_eq!(e.read(1, 50_000, b.len()).await.unwrap(), b);
+    assert_eq!(e.read(1, 0, a.len()).await.unwrap(), a);
+    // The store is back: the stuck upload goes first, then everything is durable.
+    w.faults.set(Fault::None);
+    let c = pattern(6, 100);
+    e.write(1, 90_000, 100, Fill::Data(&c)).await.unwrap();
+    e.flush().await.unwrap();
+    drop(e);
+    let e = open(&w).await;
+    assert_eq!(e.read(1, 0, a.len()).await.unwrap(), a);
+    assert_eq!(e.read(1, 50_000, b.len()).await.unwrap(), b);
+    assert_eq!(e.read(1, 90_000, 100).await.unwrap(), c);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupted_log_object_reads_as_an_error_never_as_wrong_data() {
+    let w = world();
+    let e = open(&w).await;
+    let a = pattern(7, 2 * EXTENT_SIZE_BYTES);
+    e.write(1, 0, a.len() as u64, Fill::Data(&a)).await.unwrap();
+    e.flush().await.unwrap();
+    e.close().await.unwrap();
+    let logs = w.bucket.list("log/").await.unwrap();
+    let key = &logs.last().unwrap().key;
+    let mut obj = w.bucket.get(key).await.unwrap().to_vec();
+    obj[100] ^= 0x40;
+    w.bucket.put(key, obj.into(), PutMode::Overwrite).await.unwrap();
+    let e = open(&w).await;
+    let err = e.read(1, 0, 4096).await.err().unwrap();
+    assert!(matches!(err, EngineError::Corrupt(_)), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_value_changes_are_atomic_and_survive_reopen() {
+    let w = world();
+    let e = open(&w).await;
+    e.kv_commit(vec![KvChange::Put(b"d/1/a".to_vec(), b"x".to_vec()), KvChange::Put(b"d/1/b".to_vec(), b"y".to_vec())]).unwrap();
+    e.flush().await.unwrap();
+    e.kv_commit(vec![KvChange::Delete(b"d/1/a".to_vec()), KvChange::Put(b"d/1/c".to_vec(), b"z".to_vec())]).unwrap();
+    let scan = e.kv_scan(b"d/1/");
+    assert_eq!(scan, vec![(b"d/1/b".to_vec(), b"y".to_vec()), (b"d/1/c".to_vec(), b"z".to_vec())]);
+    drop(e);
+    let e = open(&w).await;
+    assert_eq!(e.kv_scan(b"d/1/").len(), 2, "the unflushed change vanished whole");
+    assert_eq!(e.kv_get(b"d/1/a"), Some(b"x".to_vec()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkpoints_bound_replay_and_dead_log_objects_are_deleted() {
+    let w = world();
+    let e = open(&w).await;
+    let n = bucketfs_engine::limits::LOG_OBJECTS_PER_CHECKPOINT + 10;
+    for i in 0..n {
+        let d = pattern(i as u8, 4096);
+        e.write(1, (i % 3) * 4096, 4096, Fill::Data(&d)).await.unwrap();
+        e.flush().await.unwrap();
+    }
+    // Let the background checkpoint and collection finish.
+    for _ in 0..100 {
+        if e.stats().log_objects_deleted > 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let stats = e.stats();
+    assert_eq!(stats.checkpoints_written, 1);
+    assert!(stats.log_objects_deleted > n / 2, "{stats:?}");
+    assert_eq!(w.bucket.list("checkpoint/").await.unwrap().len(), 1);
+    let expect = e.read(1, 0, 3 * 4096).await.unwrap();
+    drop(e);
+    let e = open(&w).await;
+    assert_eq!(e.read(1, 0, 3 * 4096).await.unwrap(), expect);
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Write { ino: u64, offset: u64, len: usize, seed: u8 },
+    Zero { ino: u64, offset: u64, len: u64 },
+    Flush,
+    Crash,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let span = 6 * EXTENT_SIZE_BYTES as u64;
+    prop_oneof![
+        4 => (1u64..3, 0..span, 1usize..70_000, any::<u8>()).prop_map(|(ino, offset, len, seed)| Op::Write { ino, offset, len, seed }),
+        1 => (1u64..3, 0..span, 1u64..100_000).prop_map(|(ino, offset, len)| Op::Zero { ino, offset, len }),
+        2 => Just(Op::Flush),
+        1 => Just(Op::Crash),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+    /// Against a model of byte arrays: reads always match the live model; after a crash the
+    /// state is exactly the model as of the last flush.
+    #[test]
+    fn engine_matches_a_model_across_crashes(ops in proptest::collection::vec(op(), 1..40)) {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        rt.block_on(async move {
+            let w = world();
+            let mut e = open(&w).await;
+            let size = 10 * EXTENT_SIZE_BYTES;
+            let mut live = vec![vec![0u8; size]; 3];
+            let mut durable = live.clone();
+            for op in ops {
+                match op {
+                    Op::Write { ino, offset, len, seed } => {
+                        let d = pattern(seed, len);
+                        e.write(ino, offset, len as u64, Fill::Data(&d)).await.unwrap();
+                        live[ino as usize][offset as usize..offset as usize + len].copy_from_slice(&d);
+                    }
+                    Op::Zero { ino, offset, len } => {
+                        e.write(ino, offset, len, Fill::Zeroes { punch: true }).await.unwrap();
+                        live[ino as usize][offset as usize..(offset + len) as usize].fill(0);
+                    }
+                    Op::Flush => {
+                        e.flush().await.unwrap();
+                        durable = live.clone();
+                    }
+                    Op::Crash => {
+                        drop(e);
+                        e = open(&w).await;
+                        live = durable.clone();
+                    }
+                }
+                for ino in 1..3 {
+                    assert_eq!(e.read(ino, 0, size).await.unwrap(), live[ino as usize]);
+                }
+            }
+        });
+    }
+}

@@ -1,0 +1,545 @@
+//! The transmission phase. One reader (this task) parses and validates requests in order; each
+//! valid request runs in its own task so slow ones do not hold up the rest; one writer task owns
+//! the socket's write side, so replies, sent as requests complete and in any order, never
+//! interleave. Two semaphores bound what a connection may have outstanding: a request count and
+//! a payload byte count. A permit is held until the reply has been written, so a client that
+//! stops reading replies stops being read from, and memory stays bounded.
+
+use crate::backend::{Export, ExportError, Extent};
+use crate::error::{errno_of, NbdError};
+use crate::handshake::Session;
+use crate::limits::{
+    BLOCK_STATUS_DESCRIPTORS_MAX, PAYLOAD_BYTES_IN_FLIGHT_MAX, REPLY_BUFFER_BYTES,
+    REQUESTS_IN_FLIGHT_MAX, WRITE_DISCARD_BYTES_MAX,
+};
+use crate::proto::{self, RequestHeader};
+use crate::request::{command_name, validate, Command, Rejection, Request, Target};
+use bytes::{Bytes, BytesMut};
+use futures::FutureExt;
+use std::io;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio::task::{JoinError, JoinSet};
+use tracing::{debug, error, warn, Instrument, Span};
+
+/// One encoded reply on its way to the writer, with the permits it releases once written.
+struct Reply {
+    head: Vec<u8>,
+    data: Option<Bytes>,
+    _permits: Permits,
+}
+
+struct Permits {
+    _request: OwnedSemaphorePermit,
+    _payload: Option<OwnedSemaphorePermit>,
+}
+
+/// What a command produced, ready to encode.
+enum Outcome {
+    Done,
+    Data {
+        offset: u64,
+        data: Bytes,
+    },
+    Extents {
+        context_id: u32,
+        descriptors: Vec<(u32, u32)>,
+    },
+}
+
+/// Serves requests until the client disconnects, then waits for every request in flight to be
+/// answered before returning.
+pub(crate) async fn serve<R, W>(mut reader: R, writer: W, session: Session) -> Result<(), NbdError>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    // Every reply holds a request permit until written, so the channel never holds more.
+    let (replies, queue) = mpsc::channel(REQUESTS_IN_FLIGHT_MAX);
+    let writer_task = tokio::spawn(write_replies(writer, queue).instrument(Span::current()));
+    let mut tasks = JoinSet::new();
+
+    let read_result = read_requests(&mut reader, &session, replies, &mut tasks).await;
+
+    // Requests already handed to the export run to completion and are answered even when the
+    // client broke the protocol: abandoning an export call midway could leave a write half done.
+    while let Some(joined) = tasks.join_next().await {
+        report_task(joined);
+    }
+    let write_result = writer_task.await;
+    read_result?;
+    match write_result {
+        Ok(result) => result.map_err(NbdError::Io),
+        Err(join_error) => Err(NbdError::Io(io::Error::other(format!(
+            "reply writer failed: {join_error}"
+        )))),
+    }
+}
+
+fn report_task(joined: Result<(), JoinError>) {
+    if let Err(join_error) = joined {
+        // Panics are caught inside the task and answered with EIO, so this is a cancellation,
+        // which nothing here asks for.
+        error!(%join_error, "request task ended without replying");
+    }
+}
+
+async fn read_requests<R>(
+    reader: &mut R,
+    session: &Session,
+    replies: mpsc::Sender<Reply>,
+    tasks: &mut JoinSet<()>,
+) -> Result<(), NbdError>
+where
+    R: AsyncRead + Unpin,
+{
+    let requests = Arc::new(Semaphore::new(REQUESTS_IN_FLIGHT_MAX));
+    let payload_bytes = Arc::new(Semaphore::new(PAYLOAD_BYTES_IN_FLIGHT_MAX));
+    let target = Target {
+        size_bytes: session.size_bytes,
+        read_only: session.read_only,
+        block_status_context: session.block_status_context,
+    };
+    let structured = session.structured_replies;
+
+    loop {
+        // Reap finished tasks so the set does not grow over a long-lived connection.
+        while let Some(joined) = tasks.try_join_next() {
+            report_task(joined);
+        }
+        if replies.is_closed() {
+            // The writer failed; its error is the one worth reporting.
+            return Ok(());
+        }
+
+        let mut header_bytes = [0u8; proto::REQUEST_HEADER_BYTES];
+        if !read_header(reader, &mut header_bytes).await? {
+            debug!("client closed the connection without NBD_CMD_DISC");
+            return Ok(());
+        }
+        let header = RequestHeader::decode(&header_bytes)
+            .ok_or_else(|| NbdError::Protocol("request without the request magic".into()))?;
+        let request_permit = Arc::clone(&requests)
+            .acquire_owned()
+            .await
+            .expect("the request semaphore is never closed");
+
+        let command = match validate(&header, &target) {
+            Ok(Request::Disconnect) => {
+                debug!("client sent NBD_CMD_DISC");
+                return Ok(());
+            }
+            Ok(Request::Command(command)) => command,
+            Err(rejection) => {
+                debug!(
+                    command = command_name(header.command),
+                    handle = header.handle,
+                    errno = rejection.errno,
+                    message = %rejection.message,
+                    "request refused"
+                );
+                // A refused write's payload is still on the wire and must be consumed to reach
+                // the next request, unless it is too large to be anything but an attack.
+                let discard = header.command == proto::CMD_WRITE && header.length > 0;
+                let hard_disconnect = discard && header.length > WRITE_DISCARD_BYTES_MAX;
+                if discard && !hard_disconnect {
+                    discard_payload(reader, header.length).await?;
+                }
+                let permits = Permits {
+                    _request: request_permit,
+                    _payload: None,
+                };
+                let reply = encode_reply(header.handle, structured, Err(rejection), permits);
+                if replies.send(reply).await.is_err() {
+                    return Ok(());
+                }
+                if hard_disconnect {
+                    return Err(NbdError::Protocol(format!(
+                        "write of {} bytes, too large to skip",
+                        header.length
+                    )));
+                }
+                continue;
+            }
+        };
+
+        let payload_permit = match command {
+            Command::Read { length, .. } | Command::Write { length, .. } if length > 0 => Some(
+                Arc::clone(&payload_bytes)
+                    .acquire_many_owned(length)
+                    .await
+                    .expect("the payload semaphore is never closed"),
+            ),
+            _ => None,
+        };
+        let payload = match command {
+            Command::Write { length, .. } if length > 0 => {
+                Some(read_payload(reader, length).await?)
+            }
+            _ => None,
+        };
+        let permits = Permits {
+            _request: request_permit,
+            _payload: payload_permit,
+        };
+
+        let export = Arc::clone(&session.export);
+        let replies = replies.clone();
+        let handle = header.handle;
+        let task = async move {
+            let outcome = match AssertUnwindSafe(execute(&*export, command, payload))
+                .catch_unwind()
+                .await
+            {
+                Ok(outcome) => outcome,
+                Err(_) => {
+                    error!(?command, handle, "export panicked while serving a request");
+                    Err(Rejection::new(proto::EIO, "internal server error"))
+                }
+            };
+            let reply = encode_reply(handle, structured, outcome, permits);
+            // A failed send means the connection is gone; there is nobody left to answer.
+            let _ = replies.send(reply).await;
+        };
+        tasks.spawn(task.instrument(Span::current()));
+    }
+}
+
+/// Reads a request header; `false` when the client closed the connection between requests.
+async fn read_header<R: AsyncRead + Unpin>(
+    reader: &mut R,
+    bytes: &mut [u8; proto::REQUEST_HEADER_BYTES],
+) -> Result<bool, NbdError> {
+    let mut filled = 0;
+    while filled < bytes.len() {
+        let count = reader.read(&mut bytes[filled..]).await?;
+        if count == 0 {
+            if filled == 0 {
+                return Ok(false);
+            }
+            return Err(NbdError::Protocol(format!(
+                "connection closed after {filled} bytes of a request header"
+            )));
+        }
+        filled += count;
+    }
+    Ok(true)
+}
+
+async fn read_payload<R: AsyncRead + Unpin>(
+    reader: &mut R,
+    length: u32,
+) -> Result<Bytes, NbdError> {
+    let mut buffer = BytesMut::with_capacity(length as usize);
+    // `take` keeps the read from running into the next request's header.
+    let mut limited = reader.take(u64::from(length));
+    while buffer.len() < length as usize {
+        if limited.read_buf(&mut buffer).await? == 0 {
+            return Err(NbdError::Protocol(format!(
+                "connection closed after {} of {length} write payload bytes",
+                buffer.len()
+            )));
+        }
+    }
+    Ok(buffer.freeze())
+}
+
+async fn discard_payload<R: AsyncRead + Unpin>(
+    reader: &mut R,
+    length: u32,
+) -> Result<(), NbdError> {
+    let skipped =
+        tokio::io::copy(&mut reader.take(u64::from(length)), &mut tokio::io::sink()).await?;
+    if skipped < u64::from(length) {
+        return Err(NbdError::Protocol(format!(
+            "connection closed after {skipped} of {length} write payload bytes"
+        )));
+    }
+    Ok(())
+}
+
+/// Runs one validated command against the export.
+async fn execute(
+    export: &dyn Export,
+    command: Command,
+    payload: Option<Bytes>,
+) -> Result<Outcome, Rejection> {
+    let failed = |error: ExportError| {
+        if matches!(error, ExportError::Io(_)) {
+            warn!(?command, %error, "export i/o error");
+        } else {
+            debug!(?command, %error, "export refused request");
+        }
+        Rejection::new(errno_of(&error), error.to_string())
+    };
+    match command {
+        Command::Read { offset, length: 0 } => Ok(Outcome::Data {
+            offset,
+            data: Bytes::new(),
+        }),
+        Command::Read { offset, length } => {
+            let data = export.read(offset, length).await.map_err(failed)?;
+            // A short or long buffer would desynchronise the stream for simple replies.
+            if data.len() != length as usize {
+                error!(
+                    offset,
+                    length,
+                    returned = data.len(),
+                    "export returned a wrong-sized read"
+                );
+                return Err(Rejection::new(
+                    proto::EIO,
+                    "internal server error: short read",
+                ));
+            }
+            Ok(Outcome::Data { offset, data })
+        }
+        Command::Write { length: 0, .. } => Ok(Outcome::Done),
+        Command::Write {
+            offset,
+            length,
+            fua,
+        } => {
+            let data = payload.expect("the reader attaches the payload of every nonempty write");
+            assert_eq!(data.len(), length as usize, "write payload length");
+            export.write(offset, data, fua).await.map_err(failed)?;
+            Ok(Outcome::Done)
+        }
+        Command::Flush => {
+            export.flush().await.map_err(failed)?;
+            Ok(Outcome::Done)
+        }
+        Command::Trim { length: 0, .. } => Ok(Outcome::Done),
+        Command::Trim {
+            offset,
+            length,
+            fua,
+        } => {
+            export.trim(offset, length, fua).await.map_err(failed)?;
+            Ok(Outcome::Done)
+        }
+        Command::Cache { length: 0, .. } => Ok(Outcome::Done),
+        Command::Cache { offset, length } => {
+            export.cache(offset, length).await.map_err(failed)?;
+            Ok(Outcome::Done)
+        }
+        Command::WriteZeroes { length: 0, .. } => Ok(Outcome::Done),
+        Command::WriteZeroes {
+            offset,
+            length,
+            may_punch,
+            fua,
+            fast_only,
+        } => {
+            if fast_only && !export.zeroes_are_fast(may_punch) {
+                return Err(Rejection::new(
+                    proto::ENOTSUP,
+                    "zeroing is not faster than writing here",
+                ));
+            }
+            export
+                .write_zeroes(offset, length, may_punch, fua)
+                .await
+                .map_err(failed)?;
+            Ok(Outcome::Done)
+        }
+        Command::BlockStatus {
+            offset,
+            length,
+            one_extent,
+            context_id,
+        } => {
+            let extents = export.block_status(offset, length).await.map_err(failed)?;
+            let descriptors = block_status_descriptors(&extents, length, one_extent)?;
+            Ok(Outcome::Extents {
+                context_id,
+                descriptors,
+            })
+        }
+    }
+}
+
+fn encode_reply(
+    handle: u64,
+    structured: bool,
+    outcome: Result<Outcome, Rejection>,
+    permits: Permits,
+) -> Reply {
+    let (head, data) = match outcome {
+        Err(rejection) if structured => (
+            proto::encode_structured_error(handle, rejection.errno, &rejection.message),
+            None,
+        ),
+        Err(rejection) => (
+            proto::encode_simple_reply(handle, rejection.errno).to_vec(),
+            None,
+        ),
+        Ok(Outcome::Data { data, .. }) if !structured => {
+            (proto::encode_simple_reply(handle, 0).to_vec(), Some(data))
+        }
+        // An offset-data chunk must carry a byte; an empty read is just done.
+        Ok(Outcome::Data { data, .. }) if data.is_empty() => {
+            (proto::encode_structured_done(handle), None)
+        }
+        Ok(Outcome::Data { offset, data }) => {
+            let length =
+                u32::try_from(data.len()).expect("reads are at most REQUEST_PAYLOAD_BYTES_MAX");
+            (
+                proto::encode_offset_data_header(handle, offset, length),
+                Some(data),
+            )
+        }
+        // Only negotiated with structured replies, so a structured chunk is always allowed.
+        Ok(Outcome::Extents {
+            context_id,
+            descriptors,
+        }) => (
+            proto::encode_block_status(handle, context_id, &descriptors),
+            None,
+        ),
+        // Success without data: a simple reply is allowed even when structured replies are on.
+        Ok(Outcome::Done) => (proto::encode_simple_reply(handle, 0).to_vec(), None),
+    };
+    Reply {
+        head,
+        data,
+        _permits: permits,
+    }
+}
+
+/// Turns the export's extents into `base:allocation` descriptors that obey the protocol:
+/// nonzero lengths, within the request, neighbours with different flags, at most one with
+/// REQ_ONE, and at most `BLOCK_STATUS_DESCRIPTORS_MAX`.
+fn block_status_descriptors(
+    extents: &[Extent],
+    request_length: u32,
+    one_extent: bool,
+) -> Result<Vec<(u32, u32)>, Rejection> {
+    let mut descriptors: Vec<(u32, u32)> = Vec::new();
+    let mut covered: u32 = 0;
+    for extent in extents {
+        let room = request_length - covered;
+        if room == 0 {
+            break;
+        }
+        let length = extent.length.min(room);
+        if length == 0 {
+            continue;
+        }
+        let flags = if extent.hole { proto::STATE_HOLE } else { 0 }
+            | if extent.zero { proto::STATE_ZERO } else { 0 };
+        if let Some(last) = descriptors.last_mut().filter(|last| last.1 == flags) {
+            last.0 += length;
+        } else if descriptors.len() == BLOCK_STATUS_DESCRIPTORS_MAX {
+            break;
+        } else {
+            descriptors.push((length, flags));
+        }
+        covered += length;
+    }
+    if descriptors.is_empty() {
+        error!(
+            request_length,
+            "export reported no extents for a block status request"
+        );
+        return Err(Rejection::new(
+            proto::EIO,
+            "internal server error: no extents",
+        ));
+    }
+    if one_extent {
+        descriptors.truncate(1);
+    }
+    Ok(descriptors)
+}
+
+async fn write_replies<W: AsyncWrite + Unpin>(
+    writer: W,
+    mut queue: mpsc::Receiver<Reply>,
+) -> io::Result<()> {
+    let mut out = BufWriter::with_capacity(REPLY_BUFFER_BYTES, writer);
+    while let Some(reply) = queue.recv().await {
+        write_reply(&mut out, reply).await?;
+        // Replies that completed meanwhile leave with the same flush.
+        while let Ok(reply) = queue.try_recv() {
+            write_reply(&mut out, reply).await?;
+        }
+        out.flush().await?;
+    }
+    // Every reply is out; the client may already have closed its end, which is not an error.
+    if let Err(error) = out.shutdown().await {
+        debug!(%error, "shutting down the connection");
+    }
+    Ok(())
+}
+
+async fn write_reply<W: AsyncWrite + Unpin>(
+    out: &mut BufWriter<W>,
+    reply: Reply,
+) -> io::Result<()> {
+    out.write_all(&reply.head).await?;
+    if let Some(data) = &reply.data {
+        out.write_all(data).await?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn extent(length: u32, hole: bool, zero: bool) -> Extent {
+        Extent { length, hole, zero }
+    }
+
+    #[test]
+    fn descriptors_merge_equal_neighbours_and_clip_to_the_request() {
+        let extents = [
+            extent(4096, false, false),
+            extent(4096, false, false),
+            extent(8192, true, true),
+            extent(4096, false, true),
+        ];
+        let descriptors = block_status_descriptors(&extents, 12288, false).expect("valid");
+        assert_eq!(
+            descriptors,
+            vec![(8192, 0), (4096, proto::STATE_HOLE | proto::STATE_ZERO)]
+        );
+    }
+
+    #[test]
+    fn descriptors_skip_empty_extents_and_honour_req_one() {
+        let extents = [
+            extent(0, true, true),
+            extent(512, true, true),
+            extent(512, false, false),
+        ];
+        assert_eq!(
+            block_status_descriptors(&extents, 1024, true).expect("valid"),
+            vec![(512, proto::STATE_HOLE | proto::STATE_ZERO)]
+        );
+    }
+
+    #[test]
+    fn descriptors_need_at_least_one_extent() {
+        assert_eq!(
+            block_status_descriptors(&[], 512, false).map_err(|r| r.errno),
+            Err(proto::EIO)
+        );
+        assert_eq!(
+            block_status_descriptors(&[extent(0, false, false)], 512, false).map_err(|r| r.errno),
+            Err(proto::EIO)
+        );
+    }
+
+    #[test]
+    fn descriptors_are_bounded() {
+        let extents: Vec<Extent> = (0..BLOCK_STATUS_DESCRIPTORS_MAX + 10)
+            .map(|index| extent(1, index.is_multiple_of(2), false))
+            .collect();
+        let descriptors = block_status_descriptors(&extents, u32::MAX, false).expect("valid");
+        assert_eq!(descriptors.len(), BLOCK_STATUS_DESCRIPTORS_MAX);
+    }
+}
