@@ -55,7 +55,7 @@ check_init() {
     [[ -s "$dir/bucketfs.toml" ]] || die "bucketfs init did not write ./bucketfs.toml"
     timeout 30 "$BUCKETFS" init -o "$dir/explicit.toml" || die "bucketfs init -o PATH failed"
     [[ -s "$dir/explicit.toml" ]] || die "bucketfs init -o did not write $dir/explicit.toml"
-    out="$(cd "$dir" && timeout 30 "$BUCKETFS" init -)" || die "bucketfs init - failed"
+    out="$(cd "$dir" && timeout 30 "$BUCKETFS" init -o -)" || die "bucketfs init -o - failed"
     grep -q '^\[storage\]' <<<"$out" || die "bucketfs init - printed no [storage] section: $out"
     grep -q '^#' <<<"$out" || die "bucketfs init - wrote no comments"
     [[ "$(find "$dir" -maxdepth 1 -type f | wc -l)" == 2 ]] ||

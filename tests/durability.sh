@@ -126,7 +126,7 @@ clean_restart_and_cache_loss() {
 }
 
 run_case() {
-    local round delays=(0 1.5 0.3 3 0.7) intervals=(600000 1000 200 2500 500)
+    local round delays=(0 1.5 0.15 3 0.7) intervals=(600000 1000 200 2500 500)
     # Each round gets its own periodic-flush interval, so kill -9 lands sometimes with nothing
     # uploaded yet and sometimes in the middle of a periodic flush.
     for ((round = 1; round <= ROUNDS; round++)); do

@@ -41,13 +41,33 @@ impl Admin {
     async fn handle(&self, request: Request) -> Result<serde_json::Value, String> {
         let device = |d: bucketfs_fs::BlockDevice| serde_json::json!({"name": d.name, "size_bytes": d.size_bytes});
         Ok(match request {
-            Request::Create { name, size_bytes } => device(self.fs.create_block_device(&name, size_bytes).await.map_err(fs_error_message)?),
-            Request::Resize { name, size_bytes } => device(self.fs.resize_block_device(&name, size_bytes).await.map_err(fs_error_message)?),
+            Request::Create { name, size_bytes } => device(
+                self.fs
+                    .create_block_device(&name, size_bytes)
+                    .await
+                    .map_err(fs_error_message)?,
+            ),
+            Request::Resize { name, size_bytes } => device(
+                self.fs
+                    .resize_block_device(&name, size_bytes)
+                    .await
+                    .map_err(fs_error_message)?,
+            ),
             Request::Delete { name } => {
-                self.fs.delete_block_device(&name).await.map_err(fs_error_message)?;
+                self.fs
+                    .delete_block_device(&name)
+                    .await
+                    .map_err(fs_error_message)?;
                 serde_json::Value::Null
             }
-            Request::List => serde_json::Value::Array(self.fs.block_devices().map_err(fs_error_message)?.into_iter().map(device).collect()),
+            Request::List => serde_json::Value::Array(
+                self.fs
+                    .block_devices()
+                    .map_err(fs_error_message)?
+                    .into_iter()
+                    .map(device)
+                    .collect(),
+            ),
             Request::Status => serde_json::json!({
                 "object_store": self.counts.counts(),
                 "engine": self.fs.engine().stats(),
@@ -81,10 +101,22 @@ impl Admin {
         while let Some(line) = lines.next_line().await? {
             let reply = match serde_json::from_str::<Request>(&line) {
                 Ok(req) => match self.handle(req).await {
-                    Ok(result) => Reply { ok: true, result, error: String::new() },
-                    Err(error) => Reply { ok: false, result: serde_json::Value::Null, error },
+                    Ok(result) => Reply {
+                        ok: true,
+                        result,
+                        error: String::new(),
+                    },
+                    Err(error) => Reply {
+                        ok: false,
+                        result: serde_json::Value::Null,
+                        error,
+                    },
                 },
-                Err(e) => Reply { ok: false, result: serde_json::Value::Null, error: format!("malformed request: {e}") },
+                Err(e) => Reply {
+                    ok: false,
+                    result: serde_json::Value::Null,
+                    error: format!("malformed request: {e}"),
+                },
             };
             let mut out = serde_json::to_vec(&reply).expect("replies serialise");
             out.push(b'\n');
@@ -103,11 +135,18 @@ pub async fn call(addr: SocketAddr, request: &Request) -> Result<serde_json::Val
         .map_err(|e| format!("cannot reach the bucketfs admin endpoint at {addr} ({e}); is `bucketfs run` running with this config?"))?;
     let mut line = serde_json::to_vec(request).expect("requests serialise");
     line.push(b'\n');
-    stream.write_all(&line).await.map_err(|e| format!("admin endpoint {addr}: {e}"))?;
+    stream
+        .write_all(&line)
+        .await
+        .map_err(|e| format!("admin endpoint {addr}: {e}"))?;
     let mut reader = BufReader::new(stream);
     let mut reply = String::new();
-    reader.read_line(&mut reply).await.map_err(|e| format!("admin endpoint {addr}: {e}"))?;
-    let reply: Reply = serde_json::from_str(&reply).map_err(|e| format!("admin endpoint {addr}: malformed reply: {e}"))?;
+    reader
+        .read_line(&mut reply)
+        .await
+        .map_err(|e| format!("admin endpoint {addr}: {e}"))?;
+    let reply: Reply = serde_json::from_str(&reply)
+        .map_err(|e| format!("admin endpoint {addr}: malformed reply: {e}"))?;
     if reply.ok {
         Ok(reply.result)
     } else {

@@ -13,7 +13,6 @@
 //! and substitution must see the parsed values (not the text) so that a missing variable can
 //! be blamed on the key that uses it and a value cannot inject TOML syntax.
 
-
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -72,6 +71,7 @@ flush_interval_ms = 2000
 # Local cache directory. It holds copies of bucket data only: deleting it loses nothing.
 dir = "./bucketfs-cache"
 # Upper bound on the disk cache, which keeps data as stored (compressed and encrypted).
+# Not used for file:// buckets, which are on local disk already.
 disk_bytes_max = "10GiB"
 # Upper bound on the memory cache of decoded data and metadata.
 memory_bytes_max = "1GiB"

@@ -36,7 +36,10 @@ impl Exports for BlockDevices {
         let devs = self.fs.block_devices().map_err(to_export_error)?;
         Ok(devs
             .into_iter()
-            .map(|d| ExportSummary { description: format!("bucketfs block device /.nbd/{}", d.name), name: d.name })
+            .map(|d| ExportSummary {
+                description: format!("bucketfs block device /.nbd/{}", d.name),
+                name: d.name,
+            })
             .collect())
     }
 
@@ -46,7 +49,12 @@ impl Exports for BlockDevices {
             Err(FsError::NotFound(_)) => return Err(ExportError::NotFound),
             Err(e) => return Err(to_export_error(e)),
         };
-        Ok(Arc::new(BlockDevice { fs: self.fs.clone(), ino: dev.ino, size_bytes: dev.size_bytes, read_only: self.fs.engine().read_only() }))
+        Ok(Arc::new(BlockDevice {
+            fs: self.fs.clone(),
+            ino: dev.ino,
+            size_bytes: dev.size_bytes,
+            read_only: self.fs.engine().read_only(),
+        }))
     }
 }
 
@@ -77,11 +85,18 @@ impl Export for BlockDevice {
     }
 
     async fn read(&self, offset: u64, length: u32) -> Result<Bytes, ExportError> {
-        self.fs.read(self.ino, offset, length as usize).await.map(Bytes::from).map_err(to_export_error)
+        self.fs
+            .read(self.ino, offset, length as usize)
+            .await
+            .map(Bytes::from)
+            .map_err(to_export_error)
     }
 
     async fn write(&self, offset: u64, data: Bytes, fua: bool) -> Result<(), ExportError> {
-        self.fs.write(self.ino, offset, &data).await.map_err(to_export_error)?;
+        self.fs
+            .write(self.ino, offset, &data)
+            .await
+            .map_err(to_export_error)?;
         self.after_write(fua).await
     }
 
@@ -90,12 +105,24 @@ impl Export for BlockDevice {
     }
 
     async fn trim(&self, offset: u64, length: u32, fua: bool) -> Result<(), ExportError> {
-        self.fs.zero(self.ino, offset, u64::from(length), true).await.map_err(to_export_error)?;
+        self.fs
+            .zero(self.ino, offset, u64::from(length), true)
+            .await
+            .map_err(to_export_error)?;
         self.after_write(fua).await
     }
 
-    async fn write_zeroes(&self, offset: u64, length: u32, may_punch: bool, fua: bool) -> Result<(), ExportError> {
-        self.fs.zero(self.ino, offset, u64::from(length), may_punch).await.map_err(to_export_error)?;
+    async fn write_zeroes(
+        &self,
+        offset: u64,
+        length: u32,
+        may_punch: bool,
+        fua: bool,
+    ) -> Result<(), ExportError> {
+        self.fs
+            .zero(self.ino, offset, u64::from(length), may_punch)
+            .await
+            .map_err(to_export_error)?;
         self.after_write(fua).await
     }
 
@@ -105,14 +132,25 @@ impl Export for BlockDevice {
     }
 
     async fn cache(&self, offset: u64, length: u32) -> Result<(), ExportError> {
-        self.fs.read(self.ino, offset, length as usize).await.map(drop).map_err(to_export_error)
+        self.fs
+            .read(self.ino, offset, length as usize)
+            .await
+            .map(drop)
+            .map_err(to_export_error)
     }
 
     async fn block_status(&self, offset: u64, length: u32) -> Result<Vec<Extent>, ExportError> {
-        let runs = self.fs.allocation(self.ino, offset, u64::from(length)).map_err(to_export_error)?;
+        let runs = self
+            .fs
+            .allocation(self.ino, offset, u64::from(length))
+            .map_err(to_export_error)?;
         Ok(runs
             .into_iter()
-            .map(|(len, allocated)| Extent { length: len as u32, hole: !allocated, zero: !allocated })
+            .map(|(len, allocated)| Extent {
+                length: len as u32,
+                hole: !allocated,
+                zero: !allocated,
+            })
             .collect())
     }
 }

@@ -13,7 +13,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(name = "bucketfs", version, about = "A filesystem and block devices in an object-store bucket, served over NBD")]
+#[command(
+    name = "bucketfs",
+    version,
+    about = "A filesystem and block devices in an object-store bucket, served over NBD"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -100,7 +104,9 @@ fn init(output: &str, force: bool) -> Result<(), String> {
     }
     let path = PathBuf::from(output);
     if path.exists() && !force {
-        return Err(format!("{output} already exists; use --force to overwrite it"));
+        return Err(format!(
+            "{output} already exists; use --force to overwrite it"
+        ));
     }
     std::fs::write(&path, config::INIT_TEMPLATE).map_err(|e| format!("{output}: {e}"))?;
     eprintln!("wrote {output}; set BUCKETFS_PASSWORD (or storage.encryption_password) and run `bucketfs run -c {output}`");
@@ -115,11 +121,19 @@ async fn admin_call(config: Option<&PathBuf>, request: admin::Request) -> Result
             if let Some(devs) = reply.as_array() {
                 for d in devs {
                     let size = d["size_bytes"].as_u64().unwrap_or(0);
-                    println!("{}\t{}\t{}", d["name"].as_str().unwrap_or("?"), size, size::format_size(size));
+                    println!(
+                        "{}\t{}\t{}",
+                        d["name"].as_str().unwrap_or("?"),
+                        size,
+                        size::format_size(size)
+                    );
                 }
             }
         }
-        admin::Request::Status => println!("{}", serde_json::to_string_pretty(&reply).unwrap_or_default()),
+        admin::Request::Status => println!(
+            "{}",
+            serde_json::to_string_pretty(&reply).unwrap_or_default()
+        ),
         _ => {}
     }
     Ok(())
@@ -129,13 +143,17 @@ async fn change_password(config: Option<&PathBuf>) -> Result<(), String> {
     let cfg = load_config(config)?;
     let old = run::password(&cfg, config.is_some())?;
     let mut new = String::new();
-    std::io::stdin().read_to_string(&mut new).map_err(|e| format!("reading the new password from standard input: {e}"))?;
+    std::io::stdin()
+        .read_to_string(&mut new)
+        .map_err(|e| format!("reading the new password from standard input: {e}"))?;
     let new = new.trim_end_matches(['\n', '\r']);
     if new.is_empty() {
         return Err("the new password (read from standard input) is empty".into());
     }
     let (bucket, _) = run::open_bucket(&cfg)?;
-    bucketfs_engine::change_password(&bucket, &old, new).await.map_err(|e| e.to_string())?;
+    bucketfs_engine::change_password(&bucket, &old, new)
+        .await
+        .map_err(|e| e.to_string())?;
     eprintln!("password changed; now set storage.encryption_password (or BUCKETFS_PASSWORD) to the new one");
     Ok(())
 }
@@ -143,10 +161,15 @@ async fn change_password(config: Option<&PathBuf>) -> Result<(), String> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
         .with_writer(std::io::stderr)
         .init();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(r) => r,
         Err(e) => {
             eprintln!("bucketfs: cannot start the async runtime: {e}");
@@ -157,10 +180,32 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Init { output, force } => init(&output, force),
             Command::Run { config, read_only } => run::run(config.as_ref(), read_only).await,
-            Command::Nbd(NbdCommand::Create { name, size, config }) => admin_call(config.as_ref(), admin::Request::Create { name, size_bytes: size }).await,
-            Command::Nbd(NbdCommand::List { config }) => admin_call(config.as_ref(), admin::Request::List).await,
-            Command::Nbd(NbdCommand::Resize { name, size, config }) => admin_call(config.as_ref(), admin::Request::Resize { name, size_bytes: size }).await,
-            Command::Nbd(NbdCommand::Delete { name, config }) => admin_call(config.as_ref(), admin::Request::Delete { name }).await,
+            Command::Nbd(NbdCommand::Create { name, size, config }) => {
+                admin_call(
+                    config.as_ref(),
+                    admin::Request::Create {
+                        name,
+                        size_bytes: size,
+                    },
+                )
+                .await
+            }
+            Command::Nbd(NbdCommand::List { config }) => {
+                admin_call(config.as_ref(), admin::Request::List).await
+            }
+            Command::Nbd(NbdCommand::Resize { name, size, config }) => {
+                admin_call(
+                    config.as_ref(),
+                    admin::Request::Resize {
+                        name,
+                        size_bytes: size,
+                    },
+                )
+                .await
+            }
+            Command::Nbd(NbdCommand::Delete { name, config }) => {
+                admin_call(config.as_ref(), admin::Request::Delete { name }).await
+            }
             Command::Status { config } => admin_call(config.as_ref(), admin::Request::Status).await,
             Command::ChangePassword { config } => change_password(config.as_ref()).await,
         }

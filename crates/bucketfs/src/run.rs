@@ -26,7 +26,10 @@ pub fn password(cfg: &Config, from_file: bool) -> Result<String, String> {
         (None, Err(_)) => return Err("no encryption password: set storage.encryption_password in the config file or the BUCKETFS_PASSWORD environment variable".into()),
     };
     if pw.is_empty() {
-        return Err("the encryption password is empty (storage.encryption_password or BUCKETFS_PASSWORD)".into());
+        return Err(
+            "the encryption password is empty (storage.encryption_password or BUCKETFS_PASSWORD)"
+                .into(),
+        );
     }
     Ok(pw)
 }
@@ -49,8 +52,14 @@ fn store_options(cfg: &Config) -> Vec<(String, String)> {
     add("azure_storage_account_name", &cfg.azure.account_name);
     add("azure_storage_account_key", &cfg.azure.access_key);
     add("azure_storage_endpoint", &cfg.azure.endpoint);
-    add("azure_allow_http", &cfg.azure.allow_http.map(|b| b.to_string()));
-    add("azure_storage_use_emulator", &cfg.azure.use_emulator.map(|b| b.to_string()));
+    add(
+        "azure_allow_http",
+        &cfg.azure.allow_http.map(|b| b.to_string()),
+    );
+    add(
+        "azure_storage_use_emulator",
+        &cfg.azure.use_emulator.map(|b| b.to_string()),
+    );
     o
 }
 
@@ -78,21 +87,29 @@ pub async fn run(config: Option<&PathBuf>, read_only: bool) -> Result<(), String
         },
         flush_interval: Duration::from_millis(cfg.storage.flush_interval_ms),
         memory_cache_bytes_max: cfg.cache.memory_bytes_max,
-        disk_cache_dir: Some(cfg.cache.dir.clone()),
+        // A file:// bucket is already on local disk: a second local copy would only cost writes.
+        disk_cache_dir: (!cfg.storage.url.starts_with("file://")).then(|| cfg.cache.dir.clone()),
         disk_cache_bytes_max: cfg.cache.disk_bytes_max,
         read_only,
     };
-    let engine = Engine::open(bucket, opts).await.map_err(|e| format!("{}: {e}", cfg.storage.url))?;
+    let engine = Engine::open(bucket, opts)
+        .await
+        .map_err(|e| format!("{}: {e}", cfg.storage.url))?;
     let fs = Arc::new(Fs::open(engine.clone()).await.map_err(|e| e.to_string())?);
     let exports = Arc::new(BlockDevices { fs: fs.clone() });
 
     let admin_listener = tokio::net::TcpListener::bind(cfg.admin.listen)
         .await
         .map_err(|e| format!("admin.listen {}: {e}", cfg.admin.listen))?;
-    let admin = Arc::new(Admin { fs: fs.clone(), counts: counting });
+    let admin = Arc::new(Admin {
+        fs: fs.clone(),
+        counts: counting,
+    });
     tokio::spawn(admin.serve(admin_listener));
     for addr in &cfg.servers.nbd.listen {
-        let l = tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("servers.nbd.listen {addr}: {e}"))?;
+        let l = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| format!("servers.nbd.listen {addr}: {e}"))?;
         tracing::info!(%addr, "serving NBD (no authentication: keep it on a trusted network)");
         let exports = exports.clone();
         tokio::spawn(async move {
@@ -103,7 +120,8 @@ pub async fn run(config: Option<&PathBuf>, read_only: bool) -> Result<(), String
     }
     if let Some(path) = &cfg.servers.nbd.unix_socket {
         let _ = std::fs::remove_file(path);
-        let l = tokio::net::UnixListener::bind(path).map_err(|e| format!("servers.nbd.unix_socket {}: {e}", path.display()))?;
+        let l = tokio::net::UnixListener::bind(path)
+            .map_err(|e| format!("servers.nbd.unix_socket {}: {e}", path.display()))?;
         tracing::info!(path = %path.display(), "serving NBD on a unix socket");
         let exports = exports.clone();
         tokio::spawn(async move {
@@ -116,7 +134,10 @@ pub async fn run(config: Option<&PathBuf>, read_only: bool) -> Result<(), String
 
     wait_for_shutdown().await;
     tracing::info!("shutting down: flushing");
-    engine.close().await.map_err(|e| format!("final flush failed: {e}"))?;
+    engine
+        .close()
+        .await
+        .map_err(|e| format!("final flush failed: {e}"))?;
     tracing::info!("stopped cleanly");
     Ok(())
 }

@@ -5,7 +5,6 @@
 //! bytes. Storage sizes are nearly always powers of two, and a `10GB` that silently meant
 //! 10^10 bytes would not be a multiple of the extent size.
 
-
 /// Units by shift, largest first. `format_size` prints these names, `parse_size` reads them.
 const UNITS: [(&str, u32); 4] = [("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)];
 

@@ -23,7 +23,14 @@ impl DiskCache {
             std::fs::remove_dir_all(&dir)?;
         }
         std::fs::create_dir_all(&dir)?;
-        Ok(DiskCache { dir, bytes_max, index: Mutex::new(Index { lru: lru::LruCache::unbounded(), bytes: 0 }) })
+        Ok(DiskCache {
+            dir,
+            bytes_max,
+            index: Mutex::new(Index {
+                lru: lru::LruCache::unbounded(),
+                bytes: 0,
+            }),
+        })
     }
 
     fn object_name(seq: u64) -> String {
@@ -74,7 +81,11 @@ impl DiskCache {
         let prefix = Self::object_name(seq);
         let names: Vec<String> = {
             let idx = self.index.lock();
-            idx.lru.iter().filter(|(k, _)| k.starts_with(&prefix)).map(|(k, _)| k.clone()).collect()
+            idx.lru
+                .iter()
+                .filter(|(k, _)| k.starts_with(&prefix))
+                .map(|(k, _)| k.clone())
+                .collect()
         };
         for n in names {
             self.forget(&n);

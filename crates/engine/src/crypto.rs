@@ -39,7 +39,12 @@ pub struct Superblock {
     pub wrapped_key_hex: String,
 }
 
-fn derive_kek(password: &str, salt: &[u8], memory_kib: u32, passes: u32) -> Result<[u8; 32], KeyError> {
+fn derive_kek(
+    password: &str,
+    salt: &[u8],
+    memory_kib: u32,
+    passes: u32,
+) -> Result<[u8; 32], KeyError> {
     let params = argon2::Params::new(memory_kib, passes, 1, Some(32))
         .map_err(|e| KeyError::Damaged(format!("argon2 parameters: {e}")))?;
     let argon = argon2::Argon2::new(argon2::Algorithm::Argon2id, argon2::Version::V0x13, params);
@@ -68,7 +73,13 @@ impl Superblock {
         let kek = derive_kek(password, &salt, ARGON2_MEMORY_KIB, ARGON2_PASSES)?;
         let nonce = random::<NONCE_BYTES>();
         let wrapped = XChaCha20Poly1305::new((&kek).into())
-            .encrypt(XNonce::from_slice(&nonce), Payload { msg: &key.0, aad: WRAP_AAD })
+            .encrypt(
+                XNonce::from_slice(&nonce),
+                Payload {
+                    msg: &key.0,
+                    aad: WRAP_AAD,
+                },
+            )
             .map_err(|_| KeyError::Damaged("key wrapping failed".into()))?;
         Ok(Superblock {
             format_version: FORMAT_VERSION,
@@ -83,23 +94,37 @@ impl Superblock {
 
     pub fn unlock(&self, password: &str) -> Result<DataKey, KeyError> {
         if self.format_version != FORMAT_VERSION {
-            return Err(KeyError::UnsupportedVersion { found: self.format_version });
+            return Err(KeyError::UnsupportedVersion {
+                found: self.format_version,
+            });
         }
         if self.kdf != "argon2id" {
             return Err(KeyError::Damaged(format!("unknown kdf `{}`", self.kdf)));
         }
-        let unhex = |what: &str, s: &str| hex::decode(s).map_err(|e| KeyError::Damaged(format!("{what}: {e}")));
+        let unhex = |what: &str, s: &str| {
+            hex::decode(s).map_err(|e| KeyError::Damaged(format!("{what}: {e}")))
+        };
         let salt = unhex("kdf_salt_hex", &self.kdf_salt_hex)?;
         let nonce = unhex("wrapped_key_nonce_hex", &self.wrapped_key_nonce_hex)?;
         let wrapped = unhex("wrapped_key_hex", &self.wrapped_key_hex)?;
         if nonce.len() != NONCE_BYTES {
-            return Err(KeyError::Damaged("wrapped key nonce has the wrong length".into()));
+            return Err(KeyError::Damaged(
+                "wrapped key nonce has the wrong length".into(),
+            ));
         }
         let kek = derive_kek(password, &salt, self.kdf_memory_kib, self.kdf_passes)?;
         let key = XChaCha20Poly1305::new((&kek).into())
-            .decrypt(XNonce::from_slice(&nonce), Payload { msg: &wrapped, aad: WRAP_AAD })
+            .decrypt(
+                XNonce::from_slice(&nonce),
+                Payload {
+                    msg: &wrapped,
+                    aad: WRAP_AAD,
+                },
+            )
             .map_err(|_| KeyError::WrongPassword)?;
-        let key: [u8; 32] = key.try_into().map_err(|_| KeyError::Damaged("data key has the wrong length".into()))?;
+        let key: [u8; 32] = key
+            .try_into()
+            .map_err(|_| KeyError::Damaged("data key has the wrong length".into()))?;
         Ok(DataKey(key))
     }
 
@@ -139,14 +164,22 @@ pub struct Sealer {
 
 impl Sealer {
     pub fn new(key: &DataKey) -> Self {
-        Self { cipher: XChaCha20Poly1305::new((&key.0).into()) }
+        Self {
+            cipher: XChaCha20Poly1305::new((&key.0).into()),
+        }
     }
 
     pub fn seal_into(&self, out: &mut Vec<u8>, aad: &[u8], plaintext: &[u8]) {
         let nonce = random::<NONCE_BYTES>();
         let ct = self
             .cipher
-            .encrypt(XNonce::from_slice(&nonce), Payload { msg: plaintext, aad })
+            .encrypt(
+                XNonce::from_slice(&nonce),
+                Payload {
+                    msg: plaintext,
+                    aad,
+                },
+            )
             .expect("XChaCha20-Poly1305 encryption cannot fail for inputs below 256 GiB");
         out.extend_from_slice(&nonce);
         out.extend_from_slice(&ct);
@@ -164,7 +197,9 @@ impl Sealer {
             return Err(OpenError);
         }
         let (nonce, ct) = sealed.split_at(NONCE_BYTES);
-        self.cipher.decrypt(XNonce::from_slice(nonce), Payload { msg: ct, aad }).map_err(|_| OpenError)
+        self.cipher
+            .decrypt(XNonce::from_slice(nonce), Payload { msg: ct, aad })
+            .map_err(|_| OpenError)
     }
 }
 

@@ -126,7 +126,10 @@ impl State {
     /// The current content of an extent, as far as memory knows it.
     fn find(&mut self, ino: u64, index: u64) -> Found {
         let key = (ino, index);
-        for batch in [Some(&self.pending), self.flushing.as_deref()].into_iter().flatten() {
+        for batch in [Some(&self.pending), self.flushing.as_deref()]
+            .into_iter()
+            .flatten()
+        {
             match batch.extents.get(&key) {
                 Some(Dirty::Data(d)) => return Found::Data(d.clone()),
                 Some(Dirty::Hole) => return Found::Zero,
@@ -159,7 +162,10 @@ impl State {
     }
 
     fn kv_get(&self, key: &[u8]) -> Option<Vec<u8>> {
-        for batch in [Some(&self.pending), self.flushing.as_deref()].into_iter().flatten() {
+        for batch in [Some(&self.pending), self.flushing.as_deref()]
+            .into_iter()
+            .flatten()
+        {
             if let Some(v) = batch.kv.get(key) {
                 return v.clone();
             }
@@ -173,7 +179,9 @@ impl State {
 pub enum Fill<'a> {
     Data(&'a [u8]),
     /// Zeroes; whole extents are deallocated when `punch` is true.
-    Zeroes { punch: bool },
+    Zeroes {
+        punch: bool,
+    },
 }
 
 /// A key-value change of the filesystem core, applied atomically with the others of one call.
@@ -188,6 +196,7 @@ struct FlushCtl {
     /// A log object whose upload failed: retried, byte for byte, before anything else.
     stuck: Option<(u64, Bytes, Vec<MetaOp>)>,
     checkpoint_seq: u64,
+    log_bytes_since_checkpoint: u64,
     /// Log objects in the bucket (for the garbage collector).
     known_logs: BTreeSet<u64>,
 }
@@ -226,6 +235,7 @@ struct Inner {
     disk_cache: Option<DiskCache>,
     lock_holder: Option<LockHolder>,
     checkpoint_running: AtomicBool,
+    background_flush: AtomicBool,
     counters: Counters,
 }
 
@@ -235,18 +245,29 @@ pub struct Engine {
 }
 
 /// Opens (creating it on first use) the superblock and returns the unlocked sealer.
-async fn unlock(bucket: &SharedBucket, password: &str, create: bool) -> Result<Sealer, EngineError> {
+async fn unlock(
+    bucket: &SharedBucket,
+    password: &str,
+    create: bool,
+) -> Result<Sealer, EngineError> {
     match bucket.get(SUPERBLOCK_KEY).await {
-        Ok(bytes) => Ok(Sealer::new(&Superblock::from_json(&bytes)?.unlock(password)?)),
+        Ok(bytes) => Ok(Sealer::new(
+            &Superblock::from_json(&bytes)?.unlock(password)?,
+        )),
         Err(StoreError::NotFound(_)) if create => {
             let (sb, key) = Superblock::create(password)?;
-            match bucket.put(SUPERBLOCK_KEY, Bytes::from(sb.to_json()), PutMode::Create).await {
+            match bucket
+                .put(SUPERBLOCK_KEY, Bytes::from(sb.to_json()), PutMode::Create)
+                .await
+            {
                 Ok(()) => {
                     tracing::info!("created a new bucketfs bucket");
                     Ok(Sealer::new(&key))
                 }
                 // Another process created it first: use theirs.
-                Err(StoreError::AlreadyExists(_)) => Box::pin(unlock(bucket, password, false)).await,
+                Err(StoreError::AlreadyExists(_)) => {
+                    Box::pin(unlock(bucket, password, false)).await
+                }
                 Err(e) => Err(e.into()),
             }
         }
@@ -256,13 +277,23 @@ async fn unlock(bucket: &SharedBucket, password: &str, create: bool) -> Result<S
 }
 
 /// Rewraps the data key under a new password; data is not touched.
-pub async fn change_password(bucket: &SharedBucket, old: &str, new: &str) -> Result<(), EngineError> {
+pub async fn change_password(
+    bucket: &SharedBucket,
+    old: &str,
+    new: &str,
+) -> Result<(), EngineError> {
     let bytes = match bucket.get(SUPERBLOCK_KEY).await {
         Err(StoreError::NotFound(_)) => return Err(EngineError::NotInitialised),
         other => other?,
     };
     let sb = Superblock::from_json(&bytes)?.rewrap(old, new)?;
-    bucket.put(SUPERBLOCK_KEY, Bytes::from(sb.to_json()), PutMode::Overwrite).await?;
+    bucket
+        .put(
+            SUPERBLOCK_KEY,
+            Bytes::from(sb.to_json()),
+            PutMode::Overwrite,
+        )
+        .await?;
     Ok(())
 }
 
@@ -270,7 +301,11 @@ impl Engine {
     pub async fn open(bucket: SharedBucket, opts: EngineOptions) -> Result<Engine, EngineError> {
         // Check the password before anything is written: a wrong password changes nothing.
         let sealer = unlock(&bucket, &opts.password, !opts.read_only).await?;
-        let lock_holder = if opts.read_only { None } else { Some(lease::acquire(&bucket).await?) };
+        let lock_holder = if opts.read_only {
+            None
+        } else {
+            Some(lease::acquire(&bucket).await?)
+        };
         let opened = Self::load(bucket.clone(), sealer, &opts, lock_holder.clone()).await;
         if let (Err(_), Some(me)) = (&opened, &lock_holder) {
             let _ = lease::release(&bucket, me).await;
@@ -278,9 +313,19 @@ impl Engine {
         opened
     }
 
-    async fn load(bucket: SharedBucket, sealer: Sealer, opts: &EngineOptions, lock_holder: Option<LockHolder>) -> Result<Engine, EngineError> {
+    async fn load(
+        bucket: SharedBucket,
+        sealer: Sealer,
+        opts: &EngineOptions,
+        lock_holder: Option<LockHolder>,
+    ) -> Result<Engine, EngineError> {
         let mut committed = MetaState::default();
-        let checkpoints: Vec<u64> = bucket.list("checkpoint/").await?.iter().filter_map(|o| logobj::parse_seq(&o.key, "checkpoint")).collect();
+        let checkpoints: Vec<u64> = bucket
+            .list("checkpoint/")
+            .await?
+            .iter()
+            .filter_map(|o| logobj::parse_seq(&o.key, "checkpoint"))
+            .collect();
         let checkpoint_seq = checkpoints.iter().copied().max().unwrap_or(0);
         if checkpoint_seq > 0 {
             let key = logobj::checkpoint_key(checkpoint_seq);
@@ -296,7 +341,10 @@ impl Engine {
             .filter_map(|o| logobj::parse_seq(&o.key, "log").map(|s| (s, o.size_bytes)))
             .collect();
         let known_logs: BTreeSet<u64> = logs.iter().map(|(s, _)| *s).collect();
-        let to_replay: Vec<(u64, u64)> = logs.into_iter().filter(|(s, _)| *s > checkpoint_seq).collect();
+        let to_replay: Vec<(u64, u64)> = logs
+            .into_iter()
+            .filter(|(s, _)| *s > checkpoint_seq)
+            .collect();
         for (i, (seq, _)) in to_replay.iter().enumerate() {
             if *seq != checkpoint_seq + 1 + i as u64 {
                 return Err(EngineError::Corrupt(format!(
@@ -316,7 +364,9 @@ impl Engine {
                     if size < logobj::LOG_HEADER_BYTES as u64 + logobj::LOG_TRAILER_BYTES {
                         return Err(EngineError::Corrupt(format!("{key}: too short")));
                     }
-                    let trailer = bucket.get_range(&key, size - logobj::LOG_TRAILER_BYTES..size).await?;
+                    let trailer = bucket
+                        .get_range(&key, size - logobj::LOG_TRAILER_BYTES..size)
+                        .await?;
                     let range = logobj::parse_trailer(&key, size, &trailer)?;
                     let sealed = bucket.get_range(&key, range).await?;
                     Ok::<_, EngineError>(logobj::open_log_meta(&sealer, &key, seq, &sealed)?)
@@ -329,13 +379,29 @@ impl Engine {
                 committed.apply(op);
             }
         }
-        let last_seq = known_logs.iter().next_back().copied().unwrap_or(0).max(checkpoint_seq);
-        tracing::info!(checkpoint_seq, replayed = records.len(), last_seq, extents = committed.extent_count(), "opened bucket");
-        let sealer = Arc::try_unwrap(sealer).unwrap_or_else(|_| unreachable!("replay tasks finished"));
+        let last_seq = known_logs
+            .iter()
+            .next_back()
+            .copied()
+            .unwrap_or(0)
+            .max(checkpoint_seq);
+        tracing::info!(
+            checkpoint_seq,
+            replayed = records.len(),
+            last_seq,
+            extents = committed.extent_count(),
+            "opened bucket"
+        );
+        let sealer =
+            Arc::try_unwrap(sealer).unwrap_or_else(|_| unreachable!("replay tasks finished"));
         let disk_cache = match &opts.disk_cache_dir {
             Some(dir) if opts.disk_cache_bytes_max > 0 => Some(
-                DiskCache::open(dir.clone(), opts.disk_cache_bytes_max)
-                    .map_err(|e| EngineError::Store(StoreError::Permanent(format!("cache directory {}: {e}", dir.display()))))?,
+                DiskCache::open(dir.clone(), opts.disk_cache_bytes_max).map_err(|e| {
+                    EngineError::Store(StoreError::Permanent(format!(
+                        "cache directory {}: {e}",
+                        dir.display()
+                    )))
+                })?,
             ),
             _ => None,
         };
@@ -353,14 +419,23 @@ impl Engine {
                     flushing: None,
                     committed,
                     commit_gen: 0,
-                    clean: lru::LruCache::new(NonZeroUsize::new(clean_extents).expect("at least 1024")),
+                    clean: lru::LruCache::new(
+                        NonZeroUsize::new(clean_extents).expect("at least 1024"),
+                    ),
                 }),
-                flush: tokio::sync::Mutex::new(FlushCtl { next_seq: last_seq + 1, stuck: None, checkpoint_seq, known_logs }),
+                flush: tokio::sync::Mutex::new(FlushCtl {
+                    next_seq: last_seq + 1,
+                    stuck: None,
+                    checkpoint_seq,
+                    log_bytes_since_checkpoint: 0,
+                    known_logs,
+                }),
                 durable_gen: AtomicU64::new(0),
                 poisoned: Mutex::new(None),
                 disk_cache,
                 lock_holder,
                 checkpoint_running: AtomicBool::new(false),
+                background_flush: AtomicBool::new(false),
                 counters: Counters::default(),
             }),
         };
@@ -408,8 +483,24 @@ impl Engine {
         Ok(())
     }
 
-    /// Writers wait here while too much unflushed data is in memory.
+    /// Starts a background flush once enough unflushed data is in memory; writers wait only
+    /// while there is more than DIRTY_BYTES_MAX.
     async fn make_room(&self) -> Result<(), EngineError> {
+        let pending = self.inner.state.lock().pending.data_bytes();
+        if pending >= DIRTY_BYTES_FLUSH_START
+            && !self.inner.background_flush.swap(true, Ordering::AcqRel)
+        {
+            let engine = self.clone();
+            tokio::spawn(async move {
+                if let Err(e) = engine.flush().await {
+                    tracing::error!(error = %e, "background flush failed; unflushed writes stay in memory and are retried");
+                }
+                engine
+                    .inner
+                    .background_flush
+                    .store(false, Ordering::Release);
+            });
+        }
         while self.inner.state.lock().pending.data_bytes() >= DIRTY_BYTES_MAX {
             self.flush().await?;
         }
@@ -419,7 +510,13 @@ impl Engine {
     // ---- data -------------------------------------------------------------------------------
 
     /// Writes `fill` into `ino` at `offset` (`length` bytes), atomically.
-    pub async fn write(&self, ino: u64, offset: u64, length: u64, fill: Fill<'_>) -> Result<(), EngineError> {
+    pub async fn write(
+        &self,
+        ino: u64,
+        offset: u64,
+        length: u64,
+        fill: Fill<'_>,
+    ) -> Result<(), EngineError> {
         self.check_writable()?;
         if length == 0 {
             return Ok(());
@@ -465,7 +562,16 @@ impl Engine {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn apply_write(&self, st: &mut State, ino: u64, offset: u64, length: u64, first: u64, last: u64, fill: Fill<'_>) {
+    fn apply_write(
+        &self,
+        st: &mut State,
+        ino: u64,
+        offset: u64,
+        length: u64,
+        first: u64,
+        last: u64,
+        fill: Fill<'_>,
+    ) {
         for index in first..=last {
             let (start, end) = extent_span(index, offset, length);
             let whole = start == 0 && end == EXTENT_SIZE_BYTES;
@@ -477,12 +583,17 @@ impl Engine {
                         continue;
                     }
                     Fill::Zeroes { punch: false } => {
-                        st.pending.extents.insert((ino, index), Dirty::Data(Arc::new(vec![0; EXTENT_SIZE_BYTES])));
+                        st.pending.extents.insert(
+                            (ino, index),
+                            Dirty::Data(Arc::new(vec![0; EXTENT_SIZE_BYTES])),
+                        );
                         continue;
                     }
                     Fill::Data(d) => {
                         let data = d[src_at..src_at + EXTENT_SIZE_BYTES].to_vec();
-                        st.pending.extents.insert((ino, index), Dirty::Data(Arc::new(data)));
+                        st.pending
+                            .extents
+                            .insert((ino, index), Dirty::Data(Arc::new(data)));
                         continue;
                     }
                 }
@@ -493,7 +604,9 @@ impl Engine {
                 None => match st.find(ino, index) {
                     Found::Data(d) => d,
                     Found::Zero => Arc::new(vec![0; EXTENT_SIZE_BYTES]),
-                    Found::Stored(_) => unreachable!("write() fetched every partial extent's base first"),
+                    Found::Stored(_) => {
+                        unreachable!("write() fetched every partial extent's base first")
+                    }
                 },
             };
             let target = &mut Arc::make_mut(&mut buf)[start..end];
@@ -506,6 +619,23 @@ impl Engine {
     }
 
     pub async fn read(&self, ino: u64, offset: u64, length: usize) -> Result<Vec<u8>, EngineError> {
+        loop {
+            match self.read_once(ino, offset, length).await {
+                // The log object was collected after its extents were overwritten while this read
+                // was under way: look the extents up again.
+                Err((EngineError::Store(StoreError::NotFound(_)), commit_gen))
+                    if commit_gen != self.inner.state.lock().commit_gen => {}
+                other => return other.map_err(|(e, _)| e),
+            }
+        }
+    }
+
+    async fn read_once(
+        &self,
+        ino: u64,
+        offset: u64,
+        length: usize,
+    ) -> Result<Vec<u8>, (EngineError, u64)> {
         let mut out = vec![0u8; length];
         if length == 0 {
             return Ok(out);
@@ -526,7 +656,10 @@ impl Engine {
             st.commit_gen
         };
         if !missing.is_empty() {
-            let fetched = self.fetch(ino, &missing).await?;
+            let fetched = self
+                .fetch(ino, &missing)
+                .await
+                .map_err(|e| (e, commit_gen))?;
             let mut st = self.inner.state.lock();
             if st.commit_gen == commit_gen {
                 for (index, data) in &fetched {
@@ -545,17 +678,28 @@ impl Engine {
     }
 
     /// Fetches and decodes stored extents, coalescing neighbours in one log object into one GET.
-    async fn fetch(&self, ino: u64, wanted: &[(u64, ExtentPtr)]) -> Result<Vec<(u64, Arc<Vec<u8>>)>, EngineError> {
+    async fn fetch(
+        &self,
+        ino: u64,
+        wanted: &[(u64, ExtentPtr)],
+    ) -> Result<Vec<(u64, Arc<Vec<u8>>)>, EngineError> {
         let mut sorted = wanted.to_vec();
         sorted.sort_by_key(|(_, p)| (p.seq, p.offset));
         let mut groups: Vec<Vec<(u64, ExtentPtr)>> = Vec::new();
         for item in sorted {
             match groups.last_mut() {
-                Some(g) if {
-                    let prev = g.last().expect("groups are never empty").1;
-                    prev.seq == item.1.seq
-                        && u64::from(item.1.offset) <= u64::from(prev.offset) + u64::from(prev.length) + READ_COALESCE_GAP_BYTES
-                } => g.push(item),
+                Some(g)
+                    if {
+                        let prev = g.last().expect("groups are never empty").1;
+                        prev.seq == item.1.seq
+                            && u64::from(item.1.offset)
+                                <= u64::from(prev.offset)
+                                    + u64::from(prev.length)
+                                    + READ_COALESCE_GAP_BYTES
+                    } =>
+                {
+                    g.push(item)
+                }
                 _ => groups.push(vec![item]),
             }
         }
@@ -567,15 +711,30 @@ impl Engine {
         Ok(results.into_iter().flatten().collect())
     }
 
-    async fn fetch_group(&self, ino: u64, group: Vec<(u64, ExtentPtr)>) -> Result<Vec<(u64, Arc<Vec<u8>>)>, EngineError> {
+    async fn fetch_group(
+        &self,
+        ino: u64,
+        group: Vec<(u64, ExtentPtr)>,
+    ) -> Result<Vec<(u64, Arc<Vec<u8>>)>, EngineError> {
         let seq = group[0].1.seq;
         let key = logobj::log_key(seq);
         let mut frames: Vec<Option<Vec<u8>>> = group
             .iter()
-            .map(|(_, p)| self.inner.disk_cache.as_ref().and_then(|c| c.get(p.seq, p.offset, p.length)))
+            .map(|(_, p)| {
+                self.inner
+                    .disk_cache
+                    .as_ref()
+                    .and_then(|c| c.get(p.seq, p.offset, p.length))
+            })
             .collect();
         if frames.iter().any(|f| f.is_none()) {
-            let lo = group.iter().zip(&frames).filter(|(_, f)| f.is_none()).map(|((_, p), _)| u64::from(p.offset)).min().expect("some missing");
+            let lo = group
+                .iter()
+                .zip(&frames)
+                .filter(|(_, f)| f.is_none())
+                .map(|((_, p), _)| u64::from(p.offset))
+                .min()
+                .expect("some missing");
             let hi = group
                 .iter()
                 .zip(&frames)
@@ -620,8 +779,15 @@ impl Engine {
         let first = offset / EXTENT_SIZE_BYTES_U64;
         let last = (offset + length - 1) / EXTENT_SIZE_BYTES_U64;
         let st = self.inner.state.lock();
-        let mut allocated: BTreeSet<u64> = st.committed.extent_indexes(ino, first..last + 1).into_iter().collect();
-        for batch in [st.flushing.as_deref(), Some(&st.pending)].into_iter().flatten() {
+        let mut allocated: BTreeSet<u64> = st
+            .committed
+            .extent_indexes(ino, first..last + 1)
+            .into_iter()
+            .collect();
+        for batch in [st.flushing.as_deref(), Some(&st.pending)]
+            .into_iter()
+            .flatten()
+        {
             for ((i, index), d) in &batch.extents {
                 if *i == ino && (first..=last).contains(index) {
                     match d {
@@ -652,9 +818,22 @@ impl Engine {
     pub fn drop_extents_from(&self, ino: u64, from_index: u64) -> Result<(), EngineError> {
         self.check_writable()?;
         let mut st = self.inner.state.lock();
-        let mut indexes: BTreeSet<u64> = st.committed.extent_indexes(ino, from_index..u64::MAX).into_iter().collect();
-        for batch in [st.flushing.as_deref(), Some(&st.pending)].into_iter().flatten() {
-            indexes.extend(batch.extents.keys().filter(|(i, x)| *i == ino && *x >= from_index).map(|(_, x)| *x));
+        let mut indexes: BTreeSet<u64> = st
+            .committed
+            .extent_indexes(ino, from_index..u64::MAX)
+            .into_iter()
+            .collect();
+        for batch in [st.flushing.as_deref(), Some(&st.pending)]
+            .into_iter()
+            .flatten()
+        {
+            indexes.extend(
+                batch
+                    .extents
+                    .keys()
+                    .filter(|(i, x)| *i == ino && *x >= from_index)
+                    .map(|(_, x)| *x),
+            );
         }
         for index in indexes {
             st.punch(ino, index);
@@ -672,14 +851,27 @@ impl Engine {
     /// Every pair whose key starts with `prefix`, in key order.
     pub fn kv_scan(&self, prefix: &[u8]) -> Vec<(Vec<u8>, Vec<u8>)> {
         let st = self.inner.state.lock();
-        let mut merged: BTreeMap<Vec<u8>, Option<Vec<u8>>> =
-            st.committed.kv_range(prefix).map(|(k, v)| (k.clone(), Some(v.clone()))).collect();
-        for batch in [st.flushing.as_deref(), Some(&st.pending)].into_iter().flatten() {
-            for (k, v) in batch.kv.range(prefix.to_vec()..).take_while(|(k, _)| k.starts_with(prefix)) {
+        let mut merged: BTreeMap<Vec<u8>, Option<Vec<u8>>> = st
+            .committed
+            .kv_range(prefix)
+            .map(|(k, v)| (k.clone(), Some(v.clone())))
+            .collect();
+        for batch in [st.flushing.as_deref(), Some(&st.pending)]
+            .into_iter()
+            .flatten()
+        {
+            for (k, v) in batch
+                .kv
+                .range(prefix.to_vec()..)
+                .take_while(|(k, _)| k.starts_with(prefix))
+            {
                 merged.insert(k.clone(), v.clone());
             }
         }
-        merged.into_iter().filter_map(|(k, v)| v.map(|v| (k, v))).collect()
+        merged
+            .into_iter()
+            .filter_map(|(k, v)| v.map(|v| (k, v)))
+            .collect()
     }
 
     /// Applies the changes atomically (all of them are in the same flush).
@@ -735,7 +927,9 @@ impl Engine {
             let mut batch = std::mem::take(&mut st.pending);
             batch.gen = st.write_gen;
             if batch.is_empty() {
-                self.inner.durable_gen.fetch_max(batch.gen, Ordering::AcqRel);
+                self.inner
+                    .durable_gen
+                    .fetch_max(batch.gen, Ordering::AcqRel);
                 return Ok(());
             }
             let batch = Arc::new(batch);
@@ -744,12 +938,24 @@ impl Engine {
         };
         let seq = ctl.next_seq;
         ctl.next_seq += 1;
+        let started = std::time::Instant::now();
         let (object, ops) = self.encode(seq, batch.clone()).await;
+        let encoded = started.elapsed();
         let object = Bytes::from(object);
         self.inner.counters.flushes.fetch_add(1, Ordering::Relaxed);
         match self.upload(seq, object.clone()).await {
             Ok(()) => {
+                let uploaded = started.elapsed();
                 self.commit(ctl, seq, &ops, &object);
+                tracing::debug!(
+                    seq,
+                    bytes = object.len(),
+                    extents = batch.extents.len(),
+                    encode_us = encoded.as_micros() as u64,
+                    upload_us = (uploaded - encoded).as_micros() as u64,
+                    commit_us = (started.elapsed() - uploaded).as_micros() as u64,
+                    "flushed"
+                );
                 Ok(())
             }
             Err(e) => {
@@ -762,10 +968,28 @@ impl Engine {
 
     async fn upload(&self, seq: u64, object: Bytes) -> Result<(), EngineError> {
         let key = logobj::log_key(seq);
-        match self.inner.bucket.put(&key, object.clone(), PutMode::Create).await {
+        match self
+            .inner
+            .bucket
+            .put(&key, object.clone(), PutMode::Create)
+            .await
+        {
             Ok(()) => Ok(()),
+            // An earlier attempt that reported failure (a timeout) may have stored it after all.
+            Err(StoreError::AlreadyExists(_))
+                if self
+                    .inner
+                    .bucket
+                    .get(&key)
+                    .await
+                    .is_ok_and(|stored| stored == object) =>
+            {
+                Ok(())
+            }
             Err(StoreError::AlreadyExists(_)) => {
-                let why = format!("{key} was written by another process: a second writer is using this bucket");
+                let why = format!(
+                    "{key} was written by another process: a second writer is using this bucket"
+                );
                 tracing::error!("{why}");
                 *self.inner.poisoned.lock() = Some(why.clone());
                 Err(EngineError::Poisoned(why))
@@ -777,7 +1001,9 @@ impl Engine {
     /// Seals the batch's extents (on blocking threads, in parallel) into a log object.
     async fn encode(&self, seq: u64, batch: Arc<Batch>) -> (Vec<u8>, Vec<MetaOp>) {
         let engine = self.clone();
-        tokio::task::spawn_blocking(move || engine.encode_blocking(seq, &batch)).await.expect("encoding does not panic")
+        tokio::task::spawn_blocking(move || engine.encode_blocking(seq, &batch))
+            .await
+            .expect("encoding does not panic")
     }
 
     fn encode_blocking(&self, seq: u64, batch: &Batch) -> (Vec<u8>, Vec<MetaOp>) {
@@ -785,7 +1011,10 @@ impl Engine {
             .kv
             .iter()
             .map(|(k, v)| match v {
-                Some(v) => MetaOp::KvPut { key: k.clone(), value: v.clone() },
+                Some(v) => MetaOp::KvPut {
+                    key: k.clone(),
+                    value: v.clone(),
+                },
                 None => MetaOp::KvDelete { key: k.clone() },
             })
             .collect();
@@ -793,38 +1022,56 @@ impl Engine {
         for ((ino, index), d) in &batch.extents {
             match d {
                 Dirty::Data(buf) => data.push((*ino, *index, buf)),
-                Dirty::Hole => ops.push(MetaOp::ExtentClear { ino: *ino, index: *index }),
+                Dirty::Hole => ops.push(MetaOp::ExtentClear {
+                    ino: *ino,
+                    index: *index,
+                }),
             }
         }
         data.sort_unstable_by_key(|(ino, index, _)| (*ino, *index));
-        let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(data.len().div_ceil(8)).max(1);
+        let threads = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+            .min(data.len().div_ceil(8))
+            .max(1);
         let chunk = data.len().div_ceil(threads).max(1);
         let sealer = &self.inner.sealer;
         let codec = self.inner.codec;
-        let parts: Vec<(Vec<u8>, Vec<(u64, u64, usize)>)> = std::thread::scope(|s| {
-            let handles: Vec<_> = data
-                .chunks(chunk)
-                .map(|part| {
-                    s.spawn(move || {
-                        let mut buf = Vec::with_capacity(part.len() * EXTENT_SIZE_BYTES / 2);
-                        let mut lens = Vec::with_capacity(part.len());
-                        for (ino, index, plain) in part {
-                            let n = frame::encode(&mut buf, sealer, codec, *ino, *index, plain);
-                            lens.push((*ino, *index, n));
-                        }
-                        (buf, lens)
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().expect("sealing does not panic")).collect()
-        });
+        let seal_part = move |part: &[(u64, u64, &Arc<Vec<u8>>)]| {
+            let mut buf = Vec::with_capacity(part.len() * EXTENT_SIZE_BYTES / 2);
+            let mut lens = Vec::with_capacity(part.len());
+            for (ino, index, plain) in part {
+                let n = frame::encode(&mut buf, sealer, codec, *ino, *index, plain);
+                lens.push((*ino, *index, n));
+            }
+            (buf, lens)
+        };
+        // Small batches (the fsync-heavy case) are sealed right here: a thread costs more.
+        let parts: Vec<SealedPart> = if threads == 1 {
+            vec![seal_part(&data)]
+        } else {
+            std::thread::scope(|s| {
+                let handles: Vec<_> = data
+                    .chunks(chunk)
+                    .map(|part| s.spawn(move || seal_part(part)))
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().expect("sealing does not panic"))
+                    .collect()
+            })
+        };
         let total: usize = parts.iter().map(|(b, _)| b.len()).sum();
         let mut object = logobj::begin_log(seq, total + 4096);
         for (buf, lens) in parts {
             let mut at = object.len();
             object.extend_from_slice(&buf);
             for (ino, index, n) in lens {
-                let ptr = ExtentPtr { seq, offset: u32::try_from(at).expect("log objects stay below 4 GiB"), length: n as u32 };
+                let ptr = ExtentPtr {
+                    seq,
+                    offset: u32::try_from(at).expect("log objects stay below 4 GiB"),
+                    length: n as u32,
+                };
                 ops.push(MetaOp::ExtentSet { ino, index, ptr });
                 at += n;
             }
@@ -852,38 +1099,70 @@ impl Engine {
                 }
             }
             st.commit_gen += 1;
-            self.inner.durable_gen.fetch_max(batch.gen, Ordering::AcqRel);
-            let due = seq >= ctl.checkpoint_seq + LOG_OBJECTS_PER_CHECKPOINT;
-            (due && !self.inner.checkpoint_running.swap(true, Ordering::AcqRel)).then(|| st.committed.clone())
+            self.inner
+                .durable_gen
+                .fetch_max(batch.gen, Ordering::AcqRel);
+            ctl.log_bytes_since_checkpoint += object.len() as u64;
+            let due = seq >= ctl.checkpoint_seq + LOG_OBJECTS_PER_CHECKPOINT
+                || ctl.log_bytes_since_checkpoint >= LOG_BYTES_PER_CHECKPOINT;
+            (due && !self.inner.checkpoint_running.swap(true, Ordering::AcqRel))
+                .then(|| st.committed.clone())
         };
         ctl.known_logs.insert(seq);
-        self.inner.counters.log_objects_written.fetch_add(1, Ordering::Relaxed);
-        self.inner.counters.log_bytes_written.fetch_add(object.len() as u64, Ordering::Relaxed);
+        self.inner
+            .counters
+            .log_objects_written
+            .fetch_add(1, Ordering::Relaxed);
+        self.inner
+            .counters
+            .log_bytes_written
+            .fetch_add(object.len() as u64, Ordering::Relaxed);
         if let Some(c) = &self.inner.disk_cache {
             c.put_object(seq, object);
         }
         if let Some(state) = snapshot {
             ctl.checkpoint_seq = seq;
+            ctl.log_bytes_since_checkpoint = 0;
             let candidates: Vec<u64> = ctl.known_logs.range(..=seq).copied().collect();
             let engine = self.clone();
             tokio::spawn(async move {
                 if let Err(e) = engine.checkpoint_and_collect(seq, state, candidates).await {
                     tracing::error!(seq, error = %e, "checkpoint failed; the log keeps growing until the next one");
                 }
-                engine.inner.checkpoint_running.store(false, Ordering::Release);
+                engine
+                    .inner
+                    .checkpoint_running
+                    .store(false, Ordering::Release);
             });
         }
     }
 
     /// Writes a checkpoint as of log object `seq`, then deletes what it made unnecessary: older
     /// checkpoints and log objects up to `seq` that hold no live extent.
-    async fn checkpoint_and_collect(&self, seq: u64, state: MetaState, candidates: Vec<u64>) -> Result<(), EngineError> {
+    async fn checkpoint_and_collect(
+        &self,
+        seq: u64,
+        state: MetaState,
+        candidates: Vec<u64>,
+    ) -> Result<(), EngineError> {
         let engine = self.clone();
-        let object = tokio::task::spawn_blocking(move || logobj::encode_checkpoint(&engine.inner.sealer, seq, &state.to_ops()))
-            .await
-            .expect("encoding does not panic");
-        self.inner.bucket.put(&logobj::checkpoint_key(seq), Bytes::from(object), PutMode::Create).await?;
-        self.inner.counters.checkpoints_written.fetch_add(1, Ordering::Relaxed);
+        let object = tokio::task::spawn_blocking(move || {
+            logobj::encode_checkpoint(&engine.inner.sealer, seq, &state.to_ops())
+        })
+        .await
+        .expect("encoding does not panic");
+        self.inner
+            .bucket
+            .put(
+                &logobj::checkpoint_key(seq),
+                Bytes::from(object),
+                PutMode::Create,
+            )
+            .await?;
+        self.inner
+            .counters
+            .checkpoints_written
+            .fetch_add(1, Ordering::Relaxed);
         for old in self.inner.bucket.list("checkpoint/").await? {
             if logobj::parse_seq(&old.key, "checkpoint").is_some_and(|s| s < seq) {
                 self.inner.bucket.delete(&old.key).await?;
@@ -893,16 +1172,33 @@ impl Engine {
         // object found dead here stays dead.
         let dead: Vec<u64> = {
             let st = self.inner.state.lock();
-            candidates.into_iter().filter(|s| st.committed.live_bytes(*s) == 0).collect()
+            candidates
+                .into_iter()
+                .filter(|s| st.committed.live_bytes(*s) == 0)
+                .collect()
         };
-        for s in dead {
-            self.inner.bucket.delete(&logobj::log_key(s)).await?;
-            self.inner.flush.lock().await.known_logs.remove(&s);
+        let deleted: Vec<u64> = futures::stream::iter(dead)
+            .map(|s| async move {
+                self.inner
+                    .bucket
+                    .delete(&logobj::log_key(s))
+                    .await
+                    .map(|()| s)
+            })
+            .buffer_unordered(DELETE_CONCURRENCY)
+            .try_collect()
+            .await?;
+        let mut ctl = self.inner.flush.lock().await;
+        for s in &deleted {
+            ctl.known_logs.remove(s);
             if let Some(c) = &self.inner.disk_cache {
-                c.drop_object(s);
+                c.drop_object(*s);
             }
-            self.inner.counters.log_objects_deleted.fetch_add(1, Ordering::Relaxed);
         }
+        self.inner
+            .counters
+            .log_objects_deleted
+            .fetch_add(deleted.len() as u64, Ordering::Relaxed);
         tracing::info!(seq, "checkpoint written");
         Ok(())
     }
@@ -936,6 +1232,9 @@ impl Engine {
         }
     }
 }
+
+/// Frames sealed by one thread, with (ino, index, frame length) of each.
+type SealedPart = (Vec<u8>, Vec<(u64, u64, usize)>);
 
 /// The part of extent `index` that `offset..offset+length` covers, as a byte range in the extent.
 fn extent_span(index: u64, offset: u64, length: u64) -> (usize, usize) {

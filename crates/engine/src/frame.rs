@@ -27,6 +27,16 @@ impl Codec {
 /// turns zero-filled and text-like pages into a fraction of their size.
 const ZSTD_LEVEL: i32 = 1;
 
+thread_local! {
+    /// zstd contexts are costly to create (a measurable share of a flush when made per frame),
+    /// so each thread keeps one of each.
+    static ZSTD: std::cell::RefCell<(zstd::bulk::Compressor<'static>, zstd::bulk::Decompressor<'static>)> =
+        std::cell::RefCell::new((
+            zstd::bulk::Compressor::new(ZSTD_LEVEL).expect("zstd level 1 is valid"),
+            zstd::bulk::Decompressor::new().expect("a zstd decompression context can be created"),
+        ));
+}
+
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum FrameError {
     #[error("frame of inode {ino} extent {index} failed authentication (corrupted or misplaced)")]
@@ -45,11 +55,22 @@ fn aad(ino: u64, index: u64, codec: u8) -> [u8; 21] {
 }
 
 /// Appends the frame of one extent to `out`; returns the frame's length.
-pub fn encode(out: &mut Vec<u8>, sealer: &Sealer, codec: Codec, ino: u64, index: u64, plain: &[u8]) -> usize {
-    assert_eq!(plain.len(), EXTENT_SIZE_BYTES, "frames always hold a whole extent");
+pub fn encode(
+    out: &mut Vec<u8>,
+    sealer: &Sealer,
+    codec: Codec,
+    ino: u64,
+    index: u64,
+    plain: &[u8],
+) -> usize {
+    assert_eq!(
+        plain.len(),
+        EXTENT_SIZE_BYTES,
+        "frames always hold a whole extent"
+    );
     let compressed = match codec {
         Codec::None => None,
-        Codec::Zstd => zstd::bulk::compress(plain, ZSTD_LEVEL).ok(),
+        Codec::Zstd => ZSTD.with(|z| z.borrow_mut().0.compress(plain).ok()),
         Codec::Lz4 => Some(lz4_flex::compress(plain)),
     };
     // Incompressible data is stored as is: never pay for a larger frame.
@@ -64,16 +85,26 @@ pub fn encode(out: &mut Vec<u8>, sealer: &Sealer, codec: Codec, ino: u64, index:
 }
 
 pub fn decode(sealer: &Sealer, ino: u64, index: u64, frame: &[u8]) -> Result<Vec<u8>, FrameError> {
-    let malformed = |why: &str| FrameError::Malformed { ino, index, why: why.to_string() };
-    let (&codec_byte, sealed) = frame.split_first().ok_or_else(|| malformed("empty frame"))?;
+    let malformed = |why: &str| FrameError::Malformed {
+        ino,
+        index,
+        why: why.to_string(),
+    };
+    let (&codec_byte, sealed) = frame
+        .split_first()
+        .ok_or_else(|| malformed("empty frame"))?;
     let body = sealer
         .open(&aad(ino, index, codec_byte), sealed)
         .map_err(|_| FrameError::Authentication { ino, index })?;
     let codec = Codec::from_byte(codec_byte).ok_or_else(|| malformed("unknown codec"))?;
     let plain = match codec {
         Codec::None => body,
-        Codec::Zstd => zstd::bulk::decompress(&body, EXTENT_SIZE_BYTES).map_err(|e| malformed(&e.to_string()))?,
-        Codec::Lz4 => lz4_flex::decompress(&body, EXTENT_SIZE_BYTES).map_err(|e| malformed(&e.to_string()))?,
+        Codec::Zstd => ZSTD
+            .with(|z| z.borrow_mut().1.decompress(&body, EXTENT_SIZE_BYTES))
+            .map_err(|e| malformed(&e.to_string()))?,
+        Codec::Lz4 => {
+            lz4_flex::decompress(&body, EXTENT_SIZE_BYTES).map_err(|e| malformed(&e.to_string()))?
+        }
     };
     if plain.len() != EXTENT_SIZE_BYTES {
         return Err(malformed("decoded extent has the wrong size"));
@@ -96,10 +127,18 @@ mod tests {
             let n = encode(&mut out, &sealer, codec, 7, 3, &plain);
             assert_eq!(n, out.len());
             assert_eq!(decode(&sealer, 7, 3, &out).unwrap(), plain);
-            assert_eq!(decode(&sealer, 7, 4, &out), Err(FrameError::Authentication { ino: 7, index: 4 }));
-            assert_eq!(decode(&sealer, 8, 3, &out), Err(FrameError::Authentication { ino: 8, index: 3 }));
+            assert_eq!(
+                decode(&sealer, 7, 4, &out),
+                Err(FrameError::Authentication { ino: 7, index: 4 })
+            );
+            assert_eq!(
+                decode(&sealer, 8, 3, &out),
+                Err(FrameError::Authentication { ino: 8, index: 3 })
+            );
         }
-        let random: Vec<u8> = (0..EXTENT_SIZE_BYTES).map(|i| (i * 7919 % 251) as u8 ^ (i >> 8) as u8).collect();
+        let random: Vec<u8> = (0..EXTENT_SIZE_BYTES)
+            .map(|i| (i * 7919 % 251) as u8 ^ (i >> 8) as u8)
+            .collect();
         let mut out = Vec::new();
         encode(&mut out, &sealer, Codec::Zstd, 1, 1, &random);
         assert_eq!(decode(&sealer, 1, 1, &out).unwrap(), random);

@@ -28,7 +28,9 @@ pub enum LeaseError {
 }
 
 fn read_trimmed(path: &str) -> String {
-    std::fs::read_to_string(path).map(|s| s.trim().to_string()).unwrap_or_default()
+    std::fs::read_to_string(path)
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
 }
 
 impl LockHolder {
@@ -71,7 +73,9 @@ pub async fn acquire(bucket: &SharedBucket) -> Result<LockHolder, LeaseError> {
             let holder: Option<LockHolder> = serde_json::from_slice(&existing).ok();
             match holder {
                 Some(h) if !h.is_stale_here(&me) => return Err(LeaseError::InUse(h)),
-                Some(h) => tracing::warn!(pid = h.pid, host = %h.host, "taking over the writer lock of a bucketfs process that is no longer running"),
+                Some(h) => {
+                    tracing::warn!(pid = h.pid, host = %h.host, "taking over the writer lock of a bucketfs process that is no longer running")
+                }
                 None => tracing::warn!("writer lock is unreadable; taking it over"),
             }
             bucket.put(LOCK_KEY, body, PutMode::Overwrite).await?;
@@ -80,7 +84,12 @@ pub async fn acquire(bucket: &SharedBucket) -> Result<LockHolder, LeaseError> {
             Ok(()) => {}
             Err(StoreError::AlreadyExists(_)) => {
                 let existing = bucket.get(LOCK_KEY).await?;
-                let h = serde_json::from_slice(&existing).unwrap_or(LockHolder { host: "?".into(), boot_id: String::new(), pid: 0, started_unix_s: 0 });
+                let h = serde_json::from_slice(&existing).unwrap_or(LockHolder {
+                    host: "?".into(),
+                    boot_id: String::new(),
+                    pid: 0,
+                    started_unix_s: 0,
+                });
                 return Err(LeaseError::InUse(h));
             }
             Err(e) => return Err(e.into()),
@@ -93,7 +102,12 @@ pub async fn acquire(bucket: &SharedBucket) -> Result<LockHolder, LeaseError> {
 /// Removes the lock if it is still ours.
 pub async fn release(bucket: &SharedBucket, me: &LockHolder) -> Result<(), StoreError> {
     match bucket.get(LOCK_KEY).await {
-        Ok(existing) if serde_json::from_slice::<LockHolder>(&existing).ok().as_ref() == Some(me) => {
+        Ok(existing)
+            if serde_json::from_slice::<LockHolder>(&existing)
+                .ok()
+                .as_ref()
+                == Some(me) =>
+        {
             bucket.delete(LOCK_KEY).await
         }
         Ok(_) | Err(StoreError::NotFound(_)) => Ok(()),

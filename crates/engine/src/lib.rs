@@ -14,6 +14,9 @@ mod logobj;
 mod meta;
 
 pub use crypto::KeyError;
-pub use engine::{change_password, Engine, EngineError, EngineOptions, EngineStats, Fill, KvChange, SUPERBLOCK_KEY};
+pub use engine::{
+    change_password, Engine, EngineError, EngineOptions, EngineStats, Fill, KvChange,
+    SUPERBLOCK_KEY,
+};
 pub use frame::Codec;
 pub use lease::LeaseError;

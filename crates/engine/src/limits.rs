@@ -9,6 +9,14 @@ pub const EXTENT_SIZE_BYTES_U64: u64 = EXTENT_SIZE_BYTES as u64;
 /// of one log object (a flush uploads everything dirty as one object).
 pub const DIRTY_BYTES_MAX: usize = 64 * 1024 * 1024;
 
+/// Once this much unflushed data is in memory, a flush starts in the background, so sealing
+/// and uploading overlap with writers filling the next batch.
+pub const DIRTY_BYTES_FLUSH_START: usize = DIRTY_BYTES_MAX / 4;
+
+/// A checkpoint (which lets the collector delete dead log objects) is also due after this many
+/// bytes of log objects, so overwritten data does not pile up under write-heavy load.
+pub const LOG_BYTES_PER_CHECKPOINT: u64 = 1 << 30;
+
 /// A checkpoint is written once this many log objects follow the previous one, so that opening a
 /// bucket never replays more than this many objects' metadata records.
 pub const LOG_OBJECTS_PER_CHECKPOINT: u64 = 1024;
@@ -18,6 +26,9 @@ pub const REPLAY_CONCURRENCY: usize = 32;
 
 /// Ranged GETs in flight for one read request.
 pub const READ_FETCH_CONCURRENCY: usize = 16;
+
+/// DELETEs in flight while collecting dead log objects.
+pub const DELETE_CONCURRENCY: usize = 16;
 
 /// Adjacent frames of one log object are fetched with one ranged GET while the gap between them is
 /// at most this many bytes (reading a little waste is cheaper than another round trip).
@@ -35,7 +46,7 @@ pub const STORE_REQUEST_TIMEOUT_MS: u64 = 30_000;
 pub const ARGON2_MEMORY_KIB: u32 = 64 * 1024;
 pub const ARGON2_PASSES: u32 = 3;
 
-const _: () = assert!(EXTENT_SIZE_BYTES % 4096 == 0);
+const _: () = assert!(EXTENT_SIZE_BYTES.is_multiple_of(4096));
 const _: () = assert!(DIRTY_BYTES_MAX >= 64 * EXTENT_SIZE_BYTES);
 // Frame offsets inside a log object are u32.
 const _: () = assert!((DIRTY_BYTES_MAX as u64) * 2 < u32::MAX as u64);

@@ -69,8 +69,14 @@ pub fn finish_log(buf: &mut Vec<u8>, sealer: &Sealer, seq: u64, ops: &[MetaOp]) 
 }
 
 /// Where the metadata record is, from the trailer (the last LOG_TRAILER_BYTES of the object).
-pub fn parse_trailer(key: &str, object_size: u64, trailer: &[u8]) -> Result<std::ops::Range<u64>, ObjectError> {
-    let bad = || ObjectError::Malformed { key: key.to_string() };
+pub fn parse_trailer(
+    key: &str,
+    object_size: u64,
+    trailer: &[u8],
+) -> Result<std::ops::Range<u64>, ObjectError> {
+    let bad = || ObjectError::Malformed {
+        key: key.to_string(),
+    };
     if trailer.len() as u64 != LOG_TRAILER_BYTES || &trailer[16..24] != LOG_END_MAGIC {
         return Err(bad());
     }
@@ -83,11 +89,21 @@ pub fn parse_trailer(key: &str, object_size: u64, trailer: &[u8]) -> Result<std:
     Ok(off..end)
 }
 
-pub fn open_log_meta(sealer: &Sealer, key: &str, seq: u64, sealed: &[u8]) -> Result<Vec<MetaOp>, ObjectError> {
+pub fn open_log_meta(
+    sealer: &Sealer,
+    key: &str,
+    seq: u64,
+    sealed: &[u8],
+) -> Result<Vec<MetaOp>, ObjectError> {
     let plain = sealer
         .open(&meta_aad(b"bfs-log-meta", seq), sealed)
-        .map_err(|_| ObjectError::Authentication { key: key.to_string() })?;
-    decode_ops(&plain).map_err(|e| ObjectError::Record { key: key.to_string(), why: e.to_string() })
+        .map_err(|_| ObjectError::Authentication {
+            key: key.to_string(),
+        })?;
+    decode_ops(&plain).map_err(|e| ObjectError::Record {
+        key: key.to_string(),
+        why: e.to_string(),
+    })
 }
 
 fn checkpoint_aad(seq: u64, plain_len: u64) -> Vec<u8> {
@@ -99,25 +115,46 @@ fn checkpoint_aad(seq: u64, plain_len: u64) -> Vec<u8> {
 pub fn encode_checkpoint(sealer: &Sealer, seq: u64, ops: &[MetaOp]) -> Vec<u8> {
     let mut plain = Vec::new();
     encode_ops(ops, &mut plain);
-    let compressed = zstd::bulk::compress(&plain, 3).expect("zstd compression of an in-memory buffer cannot fail");
+    let compressed = zstd::bulk::compress(&plain, 3)
+        .expect("zstd compression of an in-memory buffer cannot fail");
     let mut buf = Vec::with_capacity(compressed.len() + 64);
     buf.extend_from_slice(CHECKPOINT_MAGIC);
     buf.extend_from_slice(&seq.to_le_bytes());
     buf.extend_from_slice(&(plain.len() as u64).to_le_bytes());
-    sealer.seal_into(&mut buf, &checkpoint_aad(seq, plain.len() as u64), &compressed);
+    sealer.seal_into(
+        &mut buf,
+        &checkpoint_aad(seq, plain.len() as u64),
+        &compressed,
+    );
     buf
 }
 
-pub fn decode_checkpoint(sealer: &Sealer, key: &str, seq: u64, buf: &[u8]) -> Result<Vec<MetaOp>, ObjectError> {
-    let bad = || ObjectError::Malformed { key: key.to_string() };
+pub fn decode_checkpoint(
+    sealer: &Sealer,
+    key: &str,
+    seq: u64,
+    buf: &[u8],
+) -> Result<Vec<MetaOp>, ObjectError> {
+    let bad = || ObjectError::Malformed {
+        key: key.to_string(),
+    };
     if buf.len() < 24 || &buf[..8] != CHECKPOINT_MAGIC || buf[8..16] != seq.to_le_bytes() {
         return Err(bad());
     }
     let plain_len = u64::from_le_bytes(buf[16..24].try_into().expect("8 bytes"));
     let compressed = sealer
         .open(&checkpoint_aad(seq, plain_len), &buf[24..])
-        .map_err(|_| ObjectError::Authentication { key: key.to_string() })?;
+        .map_err(|_| ObjectError::Authentication {
+            key: key.to_string(),
+        })?;
     // The length is authenticated (it is in the associated data), so allocating it is safe.
-    let plain = zstd::bulk::decompress(&compressed, usize::try_from(plain_len).map_err(|_| bad())?).map_err(|e| ObjectError::Record { key: key.to_string(), why: e.to_string() })?;
-    decode_ops(&plain).map_err(|e| ObjectError::Record { key: key.to_string(), why: e.to_string() })
+    let plain = zstd::bulk::decompress(&compressed, usize::try_from(plain_len).map_err(|_| bad())?)
+        .map_err(|e| ObjectError::Record {
+            key: key.to_string(),
+            why: e.to_string(),
+        })?;
+    decode_ops(&plain).map_err(|e| ObjectError::Record {
+        key: key.to_string(),
+        why: e.to_string(),
+    })
 }

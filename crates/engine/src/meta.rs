@@ -16,10 +16,22 @@ pub struct ExtentPtr {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum MetaOp {
-    KvPut { key: Vec<u8>, value: Vec<u8> },
-    KvDelete { key: Vec<u8> },
-    ExtentSet { ino: u64, index: u64, ptr: ExtentPtr },
-    ExtentClear { ino: u64, index: u64 },
+    KvPut {
+        key: Vec<u8>,
+        value: Vec<u8>,
+    },
+    KvDelete {
+        key: Vec<u8>,
+    },
+    ExtentSet {
+        ino: u64,
+        index: u64,
+        ptr: ExtentPtr,
+    },
+    ExtentClear {
+        ino: u64,
+        index: u64,
+    },
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -77,7 +89,10 @@ struct Reader<'a> {
 impl<'a> Reader<'a> {
     fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
         let end = self.at.checked_add(n).filter(|&e| e <= self.buf.len());
-        let end = end.ok_or(DecodeError { at: self.at, why: "truncated" })?;
+        let end = end.ok_or(DecodeError {
+            at: self.at,
+            why: "truncated",
+        })?;
         let s = &self.buf[self.at..end];
         self.at = end;
         Ok(s)
@@ -86,10 +101,14 @@ impl<'a> Reader<'a> {
         Ok(self.take(1)?[0])
     }
     fn u32(&mut self) -> Result<u32, DecodeError> {
-        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("take(4) returns 4 bytes")))
+        Ok(u32::from_le_bytes(
+            self.take(4)?.try_into().expect("take(4) returns 4 bytes"),
+        ))
     }
     fn u64(&mut self) -> Result<u64, DecodeError> {
-        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("take(8) returns 8 bytes")))
+        Ok(u64::from_le_bytes(
+            self.take(8)?.try_into().expect("take(8) returns 8 bytes"),
+        ))
     }
     fn bytes(&mut self) -> Result<Vec<u8>, DecodeError> {
         let n = self.u32()? as usize;
@@ -102,25 +121,46 @@ pub fn decode_ops(buf: &[u8]) -> Result<Vec<MetaOp>, DecodeError> {
     let count = r.u64()?;
     // Each op takes at least 5 bytes: a count larger than that is a lie, not an allocation.
     if count > (buf.len() / 5) as u64 {
-        return Err(DecodeError { at: 0, why: "op count exceeds record size" });
+        return Err(DecodeError {
+            at: 0,
+            why: "op count exceeds record size",
+        });
     }
     let mut ops = Vec::with_capacity(count as usize);
     for _ in 0..count {
         let at = r.at;
         ops.push(match r.u8()? {
-            TAG_KV_PUT => MetaOp::KvPut { key: r.bytes()?, value: r.bytes()? },
+            TAG_KV_PUT => MetaOp::KvPut {
+                key: r.bytes()?,
+                value: r.bytes()?,
+            },
             TAG_KV_DELETE => MetaOp::KvDelete { key: r.bytes()? },
             TAG_EXTENT_SET => MetaOp::ExtentSet {
                 ino: r.u64()?,
                 index: r.u64()?,
-                ptr: ExtentPtr { seq: r.u64()?, offset: r.u32()?, length: r.u32()? },
+                ptr: ExtentPtr {
+                    seq: r.u64()?,
+                    offset: r.u32()?,
+                    length: r.u32()?,
+                },
             },
-            TAG_EXTENT_CLEAR => MetaOp::ExtentClear { ino: r.u64()?, index: r.u64()? },
-            _ => return Err(DecodeError { at, why: "unknown op tag" }),
+            TAG_EXTENT_CLEAR => MetaOp::ExtentClear {
+                ino: r.u64()?,
+                index: r.u64()?,
+            },
+            _ => {
+                return Err(DecodeError {
+                    at,
+                    why: "unknown op tag",
+                })
+            }
         });
     }
     if r.at != buf.len() {
-        return Err(DecodeError { at: r.at, why: "trailing bytes" });
+        return Err(DecodeError {
+            at: r.at,
+            why: "trailing bytes",
+        });
     }
     Ok(ops)
 }
@@ -164,8 +204,13 @@ impl MetaState {
     }
 
     fn debit(&mut self, old: ExtentPtr) {
-        let live = self.live_bytes.get_mut(&old.seq).expect("every stored pointer was credited to its log object");
-        *live = live.checked_sub(u64::from(old.length)).expect("live bytes never go below zero");
+        let live = self
+            .live_bytes
+            .get_mut(&old.seq)
+            .expect("every stored pointer was credited to its log object");
+        *live = live
+            .checked_sub(u64::from(old.length))
+            .expect("live bytes never go below zero");
         if *live == 0 {
             self.live_bytes.remove(&old.seq);
         }
@@ -175,8 +220,13 @@ impl MetaState {
         self.kv.get(key)
     }
 
-    pub fn kv_range<'a>(&'a self, prefix: &'a [u8]) -> impl Iterator<Item = (&'a Vec<u8>, &'a Vec<u8>)> + 'a {
-        self.kv.range(prefix.to_vec()..).take_while(move |(k, _)| k.starts_with(prefix))
+    pub fn kv_range<'a>(
+        &'a self,
+        prefix: &'a [u8],
+    ) -> impl Iterator<Item = (&'a Vec<u8>, &'a Vec<u8>)> + 'a {
+        self.kv
+            .range(prefix.to_vec()..)
+            .take_while(move |(k, _)| k.starts_with(prefix))
     }
 
     pub fn extent(&self, ino: u64, index: u64) -> Option<ExtentPtr> {
@@ -202,12 +252,19 @@ impl MetaState {
     /// The whole state as ops that rebuild it from empty (the body of a checkpoint).
     pub fn to_ops(&self) -> Vec<MetaOp> {
         let mut ops = Vec::with_capacity(self.kv.len() + self.extent_count());
-        ops.extend(self.kv.iter().map(|(k, v)| MetaOp::KvPut { key: k.clone(), value: v.clone() }));
+        ops.extend(self.kv.iter().map(|(k, v)| MetaOp::KvPut {
+            key: k.clone(),
+            value: v.clone(),
+        }));
         let mut inos: Vec<_> = self.extents.keys().copied().collect();
         inos.sort_unstable();
         for ino in inos {
             for (index, ptr) in &self.extents[&ino] {
-                ops.push(MetaOp::ExtentSet { ino, index: *index, ptr: *ptr });
+                ops.push(MetaOp::ExtentSet {
+                    ino,
+                    index: *index,
+                    ptr: *ptr,
+                });
             }
         }
         ops
@@ -221,9 +278,20 @@ mod tests {
     #[test]
     fn ops_round_trip_and_garbage_is_rejected() {
         let ops = vec![
-            MetaOp::KvPut { key: b"a".to_vec(), value: b"xyz".to_vec() },
+            MetaOp::KvPut {
+                key: b"a".to_vec(),
+                value: b"xyz".to_vec(),
+            },
             MetaOp::KvDelete { key: b"b".to_vec() },
-            MetaOp::ExtentSet { ino: 5, index: 9, ptr: ExtentPtr { seq: 3, offset: 40, length: 99 } },
+            MetaOp::ExtentSet {
+                ino: 5,
+                index: 9,
+                ptr: ExtentPtr {
+                    seq: 3,
+                    offset: 40,
+                    length: 99,
+                },
+            },
             MetaOp::ExtentClear { ino: 5, index: 10 },
         ];
         let mut buf = Vec::new();
@@ -240,11 +308,27 @@ mod tests {
     #[test]
     fn live_bytes_follow_the_extent_map() {
         let mut m = MetaState::default();
-        let p = |seq, length| ExtentPtr { seq, offset: 0, length };
-        m.apply(&MetaOp::ExtentSet { ino: 1, index: 0, ptr: p(1, 10) });
-        m.apply(&MetaOp::ExtentSet { ino: 1, index: 1, ptr: p(1, 20) });
+        let p = |seq, length| ExtentPtr {
+            seq,
+            offset: 0,
+            length,
+        };
+        m.apply(&MetaOp::ExtentSet {
+            ino: 1,
+            index: 0,
+            ptr: p(1, 10),
+        });
+        m.apply(&MetaOp::ExtentSet {
+            ino: 1,
+            index: 1,
+            ptr: p(1, 20),
+        });
         assert_eq!(m.live_bytes(1), 30);
-        m.apply(&MetaOp::ExtentSet { ino: 1, index: 0, ptr: p(2, 5) });
+        m.apply(&MetaOp::ExtentSet {
+            ino: 1,
+            index: 0,
+            ptr: p(2, 5),
+        });
         assert_eq!((m.live_bytes(1), m.live_bytes(2)), (20, 5));
         m.apply(&MetaOp::ExtentClear { ino: 1, index: 1 });
         m.apply(&MetaOp::ExtentClear { ino: 1, index: 7 });

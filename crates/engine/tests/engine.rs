@@ -1,6 +1,8 @@
 //! Engine tests over `memory://`: round trips, crash-reopen at chosen points, faults, corruption.
 
-use bucketfs_engine::bucket::{open_url, Bucket, Fault, FaultyBucket, PutMode, RetryingBucket, SharedBucket};
+use bucketfs_engine::bucket::{
+    open_url, Fault, FaultyBucket, PutMode, RetryingBucket, SharedBucket,
+};
 use bucketfs_engine::limits::EXTENT_SIZE_BYTES;
 use bucketfs_engine::{Engine, EngineError, EngineOptions, Fill, KeyError, KvChange};
 use proptest::prelude::*;
@@ -19,11 +21,15 @@ fn world() -> World {
 }
 
 async fn open(w: &World) -> Engine {
-    Engine::open(w.bucket.clone(), EngineOptions::for_tests("pw")).await.unwrap()
+    Engine::open(w.bucket.clone(), EngineOptions::for_tests("pw"))
+        .await
+        .unwrap()
 }
 
 fn pattern(seed: u8, len: usize) -> Vec<u8> {
-    (0..len).map(|i| seed.wrapping_add((i % 251) as u8)).collect()
+    (0..len)
+        .map(|i| seed.wrapping_add((i % 251) as u8))
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -31,7 +37,9 @@ async fn writes_read_back_at_odd_offsets_and_holes_read_zero() {
     let w = world();
     let e = open(&w).await;
     let data = pattern(3, 77_777);
-    e.write(1, 12_345, data.len() as u64, Fill::Data(&data)).await.unwrap();
+    e.write(1, 12_345, data.len() as u64, Fill::Data(&data))
+        .await
+        .unwrap();
     assert_eq!(e.read(1, 12_345, data.len()).await.unwrap(), data);
     assert_eq!(e.read(1, 0, 12_345).await.unwrap(), vec![0; 12_345]);
     assert_eq!(e.read(2, 0, 100).await.unwrap(), vec![0; 100]);
@@ -46,13 +54,21 @@ async fn crash_without_flush_loses_only_unflushed_writes_whole() {
     let w = world();
     let e = open(&w).await;
     let a = pattern(1, 3 * EXTENT_SIZE_BYTES + 100);
-    e.write(5, 1000, a.len() as u64, Fill::Data(&a)).await.unwrap();
+    e.write(5, 1000, a.len() as u64, Fill::Data(&a))
+        .await
+        .unwrap();
     e.flush().await.unwrap();
     let b = pattern(2, 5000);
-    e.write(5, 2000, b.len() as u64, Fill::Data(&b)).await.unwrap();
+    e.write(5, 2000, b.len() as u64, Fill::Data(&b))
+        .await
+        .unwrap();
     drop(e); // the crash: nothing more reaches the bucket
     let e = open(&w).await;
-    assert_eq!(e.read(5, 1000, a.len()).await.unwrap(), a, "flushed data survives, unflushed write is absent");
+    assert_eq!(
+        e.read(5, 1000, a.len()).await.unwrap(),
+        a,
+        "flushed data survives, unflushed write is absent"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -66,21 +82,33 @@ async fn punch_and_zero_and_allocation_map() {
     assert_eq!(e.allocation(1, 0, n as u64), vec![(n as u64, true)]);
     // Punch from the middle of extent 0 to the middle of extent 2: extent 1 becomes a hole.
     let (off, len) = (EXTENT_SIZE_BYTES as u64 / 2, 2 * EXTENT_SIZE_BYTES as u64);
-    e.write(1, off, len, Fill::Zeroes { punch: true }).await.unwrap();
+    e.write(1, off, len, Fill::Zeroes { punch: true })
+        .await
+        .unwrap();
     let mut expect = d.clone();
     expect[off as usize..(off + len) as usize].fill(0);
     assert_eq!(e.read(1, 0, n).await.unwrap(), expect);
     let x = EXTENT_SIZE_BYTES as u64;
-    assert_eq!(e.allocation(1, 0, n as u64), vec![(x, true), (x, false), (2 * x, true)]);
+    assert_eq!(
+        e.allocation(1, 0, n as u64),
+        vec![(x, true), (x, false), (2 * x, true)]
+    );
     e.flush().await.unwrap();
     let e = open(&w).await;
     assert_eq!(e.read(1, 0, n).await.unwrap(), expect);
-    assert_eq!(e.allocation(1, 0, n as u64), vec![(x, true), (x, false), (2 * x, true)]);
+    assert_eq!(
+        e.allocation(1, 0, n as u64),
+        vec![(x, true), (x, false), (2 * x, true)]
+    );
     // Zeroes without punching stay allocated.
-    e.write(1, 0, x, Fill::Zeroes { punch: false }).await.unwrap();
+    e.write(1, 0, x, Fill::Zeroes { punch: false })
+        .await
+        .unwrap();
     assert_eq!(e.allocation(1, 0, x), vec![(x, true)]);
     // A never-written range: nothing to do, no error.
-    e.write(7, 0, 1 << 30, Fill::Zeroes { punch: true }).await.unwrap();
+    e.write(7, 0, 1 << 30, Fill::Zeroes { punch: true })
+        .await
+        .unwrap();
     assert_eq!(e.allocation(7, 0, 1 << 30), vec![(1 << 30, false)]);
 }
 
@@ -89,8 +117,14 @@ async fn wrong_password_is_refused_and_writes_nothing() {
     let w = world();
     open(&w).await.close().await.unwrap();
     let before = w.bucket.list("").await.unwrap();
-    let err = Engine::open(w.bucket.clone(), EngineOptions::for_tests("not-pw")).await.err().unwrap();
-    assert!(matches!(err, EngineError::Key(KeyError::WrongPassword)), "{err}");
+    let err = Engine::open(w.bucket.clone(), EngineOptions::for_tests("not-pw"))
+        .await
+        .err()
+        .unwrap();
+    assert!(
+        matches!(err, EngineError::Key(KeyError::WrongPassword)),
+        "{err}"
+    );
     assert!(err.to_string().contains("password"));
     assert_eq!(w.bucket.list("").await.unwrap(), before);
 }
@@ -100,8 +134,18 @@ async fn a_second_writer_elsewhere_is_refused() {
     let w = world();
     let holder = br#"{"host":"some-other-host","boot_id":"x","pid":1,"started_unix_s":5}"#;
     open(&w).await; // creates the superblock
-    w.bucket.put("writer.lock", bytes::Bytes::from_static(holder), PutMode::Overwrite).await.unwrap();
-    let err = Engine::open(w.bucket.clone(), EngineOptions::for_tests("pw")).await.err().unwrap();
+    w.bucket
+        .put(
+            "writer.lock",
+            bytes::Bytes::from_static(holder),
+            PutMode::Overwrite,
+        )
+        .await
+        .unwrap();
+    let err = Engine::open(w.bucket.clone(), EngineOptions::for_tests("pw"))
+        .await
+        .err()
+        .unwrap();
     assert!(err.to_string().contains("in use"), "{err}");
     assert!(err.to_string().contains("some-other-host"), "{err}");
 }
@@ -117,7 +161,9 @@ async fn transient_faults_are_retried_and_exhausted_retries_lose_nothing_acknowl
     // The store is down: the flush fails with an error, reads of cached data keep working.
     w.faults.set(Fault::FailAll);
     let b = pattern(5, 10_000);
-    e.write(1, 50_000, b.len() as u64, Fill::Data(&b)).await.unwrap();
+    e.write(1, 50_000, b.len() as u64, Fill::Data(&b))
+        .await
+        .unwrap();
     let err = e.flush().await.err().unwrap();
     assert!(matches!(err, EngineError::Store(_)), "{err}");
     assert_eq!(e.read(1, 50_000, b.len()).await.unwrap(), b);
@@ -135,6 +181,41 @@ async fn transient_faults_are_retried_and_exhausted_retries_lose_nothing_acknowl
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flush_retrying_against_a_failing_store_does_not_stall_other_requests() {
+    let w = world();
+    let e = open(&w).await;
+    let a = pattern(8, 10_000);
+    e.write(1, 0, a.len() as u64, Fill::Data(&a)).await.unwrap();
+    e.flush().await.unwrap();
+    e.write(1, 100_000, a.len() as u64, Fill::Data(&a))
+        .await
+        .unwrap();
+    w.faults.set(Fault::FailAll);
+    let flusher = {
+        let e = e.clone();
+        tokio::spawn(async move { e.flush().await })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    let started = std::time::Instant::now();
+    assert_eq!(e.read(1, 0, a.len()).await.unwrap(), a);
+    e.write(2, 0, 4096, Fill::Data(&[1; 4096])).await.unwrap();
+    assert_eq!(e.read(2, 0, 4096).await.unwrap(), vec![1; 4096]);
+    assert!(
+        started.elapsed() < std::time::Duration::from_millis(300),
+        "requests waited {:?} behind retries",
+        started.elapsed()
+    );
+    assert!(
+        !flusher.is_finished(),
+        "the flush is still retrying with backoff"
+    );
+    let err = flusher.await.unwrap().err().unwrap();
+    assert!(err.to_string().contains("gave up after"), "{err}");
+    w.faults.set(Fault::None);
+    e.flush().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_corrupted_log_object_reads_as_an_error_never_as_wrong_data() {
     let w = world();
     let e = open(&w).await;
@@ -146,7 +227,10 @@ async fn a_corrupted_log_object_reads_as_an_error_never_as_wrong_data() {
     let key = &logs.last().unwrap().key;
     let mut obj = w.bucket.get(key).await.unwrap().to_vec();
     obj[100] ^= 0x40;
-    w.bucket.put(key, obj.into(), PutMode::Overwrite).await.unwrap();
+    w.bucket
+        .put(key, obj.into(), PutMode::Overwrite)
+        .await
+        .unwrap();
     let e = open(&w).await;
     let err = e.read(1, 0, 4096).await.err().unwrap();
     assert!(matches!(err, EngineError::Corrupt(_)), "{err}");
@@ -156,14 +240,32 @@ async fn a_corrupted_log_object_reads_as_an_error_never_as_wrong_data() {
 async fn key_value_changes_are_atomic_and_survive_reopen() {
     let w = world();
     let e = open(&w).await;
-    e.kv_commit(vec![KvChange::Put(b"d/1/a".to_vec(), b"x".to_vec()), KvChange::Put(b"d/1/b".to_vec(), b"y".to_vec())]).unwrap();
+    e.kv_commit(vec![
+        KvChange::Put(b"d/1/a".to_vec(), b"x".to_vec()),
+        KvChange::Put(b"d/1/b".to_vec(), b"y".to_vec()),
+    ])
+    .unwrap();
     e.flush().await.unwrap();
-    e.kv_commit(vec![KvChange::Delete(b"d/1/a".to_vec()), KvChange::Put(b"d/1/c".to_vec(), b"z".to_vec())]).unwrap();
+    e.kv_commit(vec![
+        KvChange::Delete(b"d/1/a".to_vec()),
+        KvChange::Put(b"d/1/c".to_vec(), b"z".to_vec()),
+    ])
+    .unwrap();
     let scan = e.kv_scan(b"d/1/");
-    assert_eq!(scan, vec![(b"d/1/b".to_vec(), b"y".to_vec()), (b"d/1/c".to_vec(), b"z".to_vec())]);
+    assert_eq!(
+        scan,
+        vec![
+            (b"d/1/b".to_vec(), b"y".to_vec()),
+            (b"d/1/c".to_vec(), b"z".to_vec())
+        ]
+    );
     drop(e);
     let e = open(&w).await;
-    assert_eq!(e.kv_scan(b"d/1/").len(), 2, "the unflushed change vanished whole");
+    assert_eq!(
+        e.kv_scan(b"d/1/").len(),
+        2,
+        "the unflushed change vanished whole"
+    );
     assert_eq!(e.kv_get(b"d/1/a"), Some(b"x".to_vec()));
 }
 
@@ -174,12 +276,14 @@ async fn checkpoints_bound_replay_and_dead_log_objects_are_deleted() {
     let n = bucketfs_engine::limits::LOG_OBJECTS_PER_CHECKPOINT + 10;
     for i in 0..n {
         let d = pattern(i as u8, 4096);
-        e.write(1, (i % 3) * 4096, 4096, Fill::Data(&d)).await.unwrap();
+        e.write(1, (i % 3) * 4096, 4096, Fill::Data(&d))
+            .await
+            .unwrap();
         e.flush().await.unwrap();
     }
     // Let the background checkpoint and collection finish.
-    for _ in 0..100 {
-        if e.stats().log_objects_deleted > 0 {
+    for _ in 0..200 {
+        if e.stats().log_objects_deleted > n / 2 {
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
@@ -196,8 +300,17 @@ async fn checkpoints_bound_replay_and_dead_log_objects_are_deleted() {
 
 #[derive(Debug, Clone)]
 enum Op {
-    Write { ino: u64, offset: u64, len: usize, seed: u8 },
-    Zero { ino: u64, offset: u64, len: u64 },
+    Write {
+        ino: u64,
+        offset: u64,
+        len: usize,
+        seed: u8,
+    },
+    Zero {
+        ino: u64,
+        offset: u64,
+        len: u64,
+    },
     Flush,
     Crash,
 }

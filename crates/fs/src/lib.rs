@@ -62,7 +62,10 @@ impl Inode {
 
     fn decode(ino: u64, v: &[u8]) -> Result<Inode, FsError> {
         if v.len() != 21 {
-            return Err(FsError::Damaged(ino, "inode record has the wrong length".into()));
+            return Err(FsError::Damaged(
+                ino,
+                "inode record has the wrong length".into(),
+            ));
         }
         let kind = match v[0] {
             1 => Kind::Directory,
@@ -98,11 +101,19 @@ fn dirent_key(parent: u64, name: &str) -> Vec<u8> {
 }
 
 fn now_ns() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
 }
 
 fn check_name(name: &str) -> Result<(), FsError> {
-    let bad = name.is_empty() || name.len() > NAME_BYTES_MAX || name.contains('/') || name.contains('\0') || name == "." || name == "..";
+    let bad = name.is_empty()
+        || name.len() > NAME_BYTES_MAX
+        || name.contains('/')
+        || name.contains('\0')
+        || name == "."
+        || name == "..";
     if bad {
         return Err(FsError::InvalidName(name.to_string()));
     }
@@ -130,12 +141,20 @@ impl Fs {
     /// Opens the filesystem, creating `/` and `/.nbd/` in a new bucket.
     pub async fn open(engine: Engine) -> Result<Fs, FsError> {
         if engine.kv_get(&inode_key(ROOT_INO)).is_none() && !engine.read_only() {
-            let dir = Inode { kind: Kind::Directory, size_bytes: 0, mode: 0o755, mtime_ns: now_ns() };
+            let dir = Inode {
+                kind: Kind::Directory,
+                size_bytes: 0,
+                mode: 0o755,
+                mtime_ns: now_ns(),
+            };
             let nbd_dir = ROOT_INO + 1;
             engine.kv_commit(vec![
                 KvChange::Put(inode_key(ROOT_INO), dir.encode()),
                 KvChange::Put(inode_key(nbd_dir), Inode { mode: 0o700, ..dir }.encode()),
-                KvChange::Put(dirent_key(ROOT_INO, NBD_DIR_NAME), nbd_dir.to_be_bytes().to_vec()),
+                KvChange::Put(
+                    dirent_key(ROOT_INO, NBD_DIR_NAME),
+                    nbd_dir.to_be_bytes().to_vec(),
+                ),
                 KvChange::Put(NEXT_INO_KEY.to_vec(), (nbd_dir + 1).to_be_bytes().to_vec()),
             ])?;
             engine.flush().await?;
@@ -145,9 +164,16 @@ impl Fs {
             // A read-only open of a bucket whose first writer never got this far.
             None => return Err(FsError::NotFound("/.nbd".into())),
         };
-        let fs = Fs { engine, nbd_dir, sizes: RwLock::default(), namespace: tokio::sync::Mutex::new(()) };
+        let fs = Fs {
+            engine,
+            nbd_dir,
+            sizes: RwLock::default(),
+            namespace: tokio::sync::Mutex::new(()),
+        };
         let devices = fs.block_devices()?;
-        fs.sizes.write().extend(devices.iter().map(|d| (d.ino, d.size_bytes)));
+        fs.sizes
+            .write()
+            .extend(devices.iter().map(|d| (d.ino, d.size_bytes)));
         Ok(fs)
     }
 
@@ -156,7 +182,10 @@ impl Fs {
     }
 
     fn inode(&self, ino: u64) -> Result<Inode, FsError> {
-        let v = self.engine.kv_get(&inode_key(ino)).ok_or_else(|| FsError::NotFound(format!("inode {ino}")))?;
+        let v = self
+            .engine
+            .kv_get(&inode_key(ino))
+            .ok_or_else(|| FsError::NotFound(format!("inode {ino}")))?;
         Inode::decode(ino, &v)
     }
 
@@ -166,32 +195,61 @@ impl Fs {
         for (k, v) in self.engine.kv_scan(&prefix) {
             let name = String::from_utf8_lossy(&k[prefix.len()..]).into_owned();
             let ino = decode_ino(self.nbd_dir, &v)?;
-            out.push(BlockDevice { name, ino, size_bytes: self.inode(ino)?.size_bytes });
+            out.push(BlockDevice {
+                name,
+                ino,
+                size_bytes: self.inode(ino)?.size_bytes,
+            });
         }
         Ok(out)
     }
 
     pub fn block_device(&self, name: &str) -> Result<BlockDevice, FsError> {
-        let v = self.engine.kv_get(&dirent_key(self.nbd_dir, name)).ok_or_else(|| FsError::NotFound(format!("block device {name}")))?;
+        let v = self
+            .engine
+            .kv_get(&dirent_key(self.nbd_dir, name))
+            .ok_or_else(|| FsError::NotFound(format!("block device {name}")))?;
         let ino = decode_ino(self.nbd_dir, &v)?;
-        Ok(BlockDevice { name: name.to_string(), ino, size_bytes: self.inode(ino)?.size_bytes })
+        Ok(BlockDevice {
+            name: name.to_string(),
+            ino,
+            size_bytes: self.inode(ino)?.size_bytes,
+        })
     }
 
     /// Creates a block device; durable when this returns.
-    pub async fn create_block_device(&self, name: &str, size_bytes: u64) -> Result<BlockDevice, FsError> {
+    pub async fn create_block_device(
+        &self,
+        name: &str,
+        size_bytes: u64,
+    ) -> Result<BlockDevice, FsError> {
         check_name(name)?;
         if size_bytes > FILE_SIZE_BYTES_MAX {
             return Err(FsError::TooLarge(size_bytes));
         }
         let _guard = self.namespace.lock().await;
-        if self.engine.kv_get(&dirent_key(self.nbd_dir, name)).is_some() {
+        if self
+            .engine
+            .kv_get(&dirent_key(self.nbd_dir, name))
+            .is_some()
+        {
             return Err(FsError::Exists(format!("block device {name}")));
         }
         let ino = match self.engine.kv_get(NEXT_INO_KEY) {
             Some(v) => decode_ino(0, &v)?,
-            None => return Err(FsError::Damaged(ROOT_INO, "the inode counter is missing".into())),
+            None => {
+                return Err(FsError::Damaged(
+                    ROOT_INO,
+                    "the inode counter is missing".into(),
+                ))
+            }
         };
-        let inode = Inode { kind: Kind::File, size_bytes, mode: 0o600, mtime_ns: now_ns() };
+        let inode = Inode {
+            kind: Kind::File,
+            size_bytes,
+            mode: 0o600,
+            mtime_ns: now_ns(),
+        };
         self.engine.kv_commit(vec![
             KvChange::Put(inode_key(ino), inode.encode()),
             KvChange::Put(dirent_key(self.nbd_dir, name), ino.to_be_bytes().to_vec()),
@@ -199,12 +257,20 @@ impl Fs {
         ])?;
         self.sizes.write().insert(ino, size_bytes);
         self.engine.flush().await?;
-        Ok(BlockDevice { name: name.to_string(), ino, size_bytes })
+        Ok(BlockDevice {
+            name: name.to_string(),
+            ino,
+            size_bytes,
+        })
     }
 
     /// Changes a block device's size; bytes beyond a smaller size are deallocated, and read as
     /// zeroes if it grows again. Durable when this returns.
-    pub async fn resize_block_device(&self, name: &str, size_bytes: u64) -> Result<BlockDevice, FsError> {
+    pub async fn resize_block_device(
+        &self,
+        name: &str,
+        size_bytes: u64,
+    ) -> Result<BlockDevice, FsError> {
         if size_bytes > FILE_SIZE_BYTES_MAX {
             return Err(FsError::TooLarge(size_bytes));
         }
@@ -216,12 +282,21 @@ impl Fs {
             self.sizes.write().insert(dev.ino, size_bytes);
             let extent = bucketfs_engine::limits::EXTENT_SIZE_BYTES_U64;
             let tail_end = size_bytes.div_ceil(extent) * extent;
-            self.engine.write(dev.ino, size_bytes, tail_end - size_bytes, Fill::Zeroes { punch: true }).await?;
-            self.engine.drop_extents_from(dev.ino, size_bytes.div_ceil(extent))?;
+            self.engine
+                .write(
+                    dev.ino,
+                    size_bytes,
+                    tail_end - size_bytes,
+                    Fill::Zeroes { punch: true },
+                )
+                .await?;
+            self.engine
+                .drop_extents_from(dev.ino, size_bytes.div_ceil(extent))?;
         }
         inode.size_bytes = size_bytes;
         inode.mtime_ns = now_ns();
-        self.engine.kv_commit(vec![KvChange::Put(inode_key(dev.ino), inode.encode())])?;
+        self.engine
+            .kv_commit(vec![KvChange::Put(inode_key(dev.ino), inode.encode())])?;
         self.sizes.write().insert(dev.ino, size_bytes);
         self.engine.flush().await?;
         Ok(BlockDevice { size_bytes, ..dev })
@@ -233,16 +308,27 @@ impl Fs {
         let dev = self.block_device(name)?;
         self.sizes.write().remove(&dev.ino);
         self.engine.drop_extents_from(dev.ino, 0)?;
-        self.engine.kv_commit(vec![KvChange::Delete(dirent_key(self.nbd_dir, name)), KvChange::Delete(inode_key(dev.ino))])?;
+        self.engine.kv_commit(vec![
+            KvChange::Delete(dirent_key(self.nbd_dir, name)),
+            KvChange::Delete(inode_key(dev.ino)),
+        ])?;
         self.engine.flush().await?;
         Ok(())
     }
 
     fn check_range(&self, ino: u64, offset: u64, length: u64) -> Result<(), FsError> {
-        let size = *self.sizes.read().get(&ino).ok_or_else(|| FsError::NotFound(format!("inode {ino}")))?;
+        let size = *self
+            .sizes
+            .read()
+            .get(&ino)
+            .ok_or_else(|| FsError::NotFound(format!("inode {ino}")))?;
         match offset.checked_add(length) {
             Some(end) if end <= size => Ok(()),
-            _ => Err(FsError::OutOfRange { offset, length, size }),
+            _ => Err(FsError::OutOfRange {
+                offset,
+                length,
+                size,
+            }),
         }
     }
 
@@ -253,16 +339,33 @@ impl Fs {
 
     pub async fn write(&self, ino: u64, offset: u64, data: &[u8]) -> Result<(), FsError> {
         self.check_range(ino, offset, data.len() as u64)?;
-        Ok(self.engine.write(ino, offset, data.len() as u64, Fill::Data(data)).await?)
+        Ok(self
+            .engine
+            .write(ino, offset, data.len() as u64, Fill::Data(data))
+            .await?)
     }
 
     /// Makes the range read as zeroes, deallocating whole extents when `punch` is set.
-    pub async fn zero(&self, ino: u64, offset: u64, length: u64, punch: bool) -> Result<(), FsError> {
+    pub async fn zero(
+        &self,
+        ino: u64,
+        offset: u64,
+        length: u64,
+        punch: bool,
+    ) -> Result<(), FsError> {
         self.check_range(ino, offset, length)?;
-        Ok(self.engine.write(ino, offset, length, Fill::Zeroes { punch }).await?)
+        Ok(self
+            .engine
+            .write(ino, offset, length, Fill::Zeroes { punch })
+            .await?)
     }
 
-    pub fn allocation(&self, ino: u64, offset: u64, length: u64) -> Result<Vec<(u64, bool)>, FsError> {
+    pub fn allocation(
+        &self,
+        ino: u64,
+        offset: u64,
+        length: u64,
+    ) -> Result<Vec<(u64, bool)>, FsError> {
         self.check_range(ino, offset, length)?;
         Ok(self.engine.allocation(ino, offset, length))
     }
@@ -274,7 +377,9 @@ impl Fs {
 }
 
 fn decode_ino(owner: u64, v: &[u8]) -> Result<u64, FsError> {
-    let b: [u8; 8] = v.try_into().map_err(|_| FsError::Damaged(owner, "inode number has the wrong length".into()))?;
+    let b: [u8; 8] = v
+        .try_into()
+        .map_err(|_| FsError::Damaged(owner, "inode number has the wrong length".into()))?;
     Ok(u64::from_be_bytes(b))
 }
 
@@ -286,7 +391,13 @@ mod tests {
     use std::sync::Arc;
 
     async fn open(bucket: &SharedBucket) -> Fs {
-        Fs::open(Engine::open(bucket.clone(), EngineOptions::for_tests("pw")).await.unwrap()).await.unwrap()
+        Fs::open(
+            Engine::open(bucket.clone(), EngineOptions::for_tests("pw"))
+                .await
+                .unwrap(),
+        )
+        .await
+        .unwrap()
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -294,22 +405,46 @@ mod tests {
         let bucket: SharedBucket = Arc::new(open_url("memory://", &Vec::new()).unwrap());
         let fs = open(&bucket).await;
         let d = fs.create_block_device("disk1", 1 << 20).await.unwrap();
-        assert!(matches!(fs.create_block_device("disk1", 1).await, Err(FsError::Exists(_))));
-        assert!(matches!(fs.create_block_device("a/b", 1).await, Err(FsError::InvalidName(_))));
+        assert!(matches!(
+            fs.create_block_device("disk1", 1).await,
+            Err(FsError::Exists(_))
+        ));
+        assert!(matches!(
+            fs.create_block_device("a/b", 1).await,
+            Err(FsError::InvalidName(_))
+        ));
         fs.write(d.ino, 100_000, &[7; 5000]).await.unwrap();
-        assert!(matches!(fs.write(d.ino, (1 << 20) - 10, &[1; 11]).await, Err(FsError::OutOfRange { .. })));
+        assert!(matches!(
+            fs.write(d.ino, (1 << 20) - 10, &[1; 11]).await,
+            Err(FsError::OutOfRange { .. })
+        ));
         fs.resize_block_device("disk1", 102_000).await.unwrap();
         fs.resize_block_device("disk1", 1 << 20).await.unwrap();
         let back = fs.read(d.ino, 100_000, 5000).await.unwrap();
         assert_eq!(&back[..2000], &[7; 2000][..]);
-        assert_eq!(&back[2000..], &[0; 3000][..], "bytes cut by a shrink read as zeroes after growing");
+        assert_eq!(
+            &back[2000..],
+            &[0; 3000][..],
+            "bytes cut by a shrink read as zeroes after growing"
+        );
         fs.create_block_device("disk2", 4096).await.unwrap();
         drop(fs);
         let fs = open(&bucket).await;
-        let names: Vec<_> = fs.block_devices().unwrap().into_iter().map(|d| (d.name, d.size_bytes)).collect();
-        assert_eq!(names, vec![("disk1".to_string(), 1 << 20), ("disk2".to_string(), 4096)]);
+        let names: Vec<_> = fs
+            .block_devices()
+            .unwrap()
+            .into_iter()
+            .map(|d| (d.name, d.size_bytes))
+            .collect();
+        assert_eq!(
+            names,
+            vec![("disk1".to_string(), 1 << 20), ("disk2".to_string(), 4096)]
+        );
         fs.delete_block_device("disk1").await.unwrap();
-        assert!(matches!(fs.block_device("disk1"), Err(FsError::NotFound(_))));
+        assert!(matches!(
+            fs.block_device("disk1"),
+            Err(FsError::NotFound(_))
+        ));
         drop(fs);
         let fs = open(&bucket).await;
         assert_eq!(fs.block_devices().unwrap().len(), 1);

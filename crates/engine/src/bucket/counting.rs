@@ -38,7 +38,10 @@ pub struct CountingBucket {
 
 impl CountingBucket {
     pub fn new(inner: SharedBucket) -> Self {
-        Self { inner, counters: Arc::default() }
+        Self {
+            inner,
+            counters: Arc::default(),
+        }
     }
 
     pub fn counts(&self) -> RequestCounts {
@@ -67,7 +70,9 @@ impl CountingBucket {
 impl Bucket for CountingBucket {
     async fn put(&self, key: &str, data: Bytes, mode: PutMode) -> Result<(), StoreError> {
         self.counters.put.fetch_add(1, Relaxed);
-        self.counters.bytes_written.fetch_add(data.len() as u64, Relaxed);
+        self.counters
+            .bytes_written
+            .fetch_add(data.len() as u64, Relaxed);
         self.note(self.inner.put(key, data, mode).await)
     }
     async fn get(&self, key: &str) -> Result<Bytes, StoreError> {

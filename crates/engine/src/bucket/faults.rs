@@ -10,7 +10,9 @@ use std::time::Duration;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Fault {
     /// The next `count` requests of any kind fail with a transient error (as a 503 would).
-    FailNext { count: u32 },
+    FailNext {
+        count: u32,
+    },
     /// Every request fails until the fault is cleared.
     FailAll,
     /// Every PUT is refused until cleared (the store is "down" for writes), reads still work.
@@ -27,7 +29,10 @@ pub struct FaultyBucket {
 
 impl FaultyBucket {
     pub fn new(inner: SharedBucket) -> Self {
-        Self { inner, fault: Mutex::new(Fault::None) }
+        Self {
+            inner,
+            fault: Mutex::new(Fault::None),
+        }
     }
 
     pub fn set(&self, fault: Fault) {
@@ -40,9 +45,15 @@ impl FaultyBucket {
             match &mut *f {
                 Fault::FailNext { count } if *count > 0 => {
                     *count -= 1;
-                    return Err(StoreError::Transient("injected fault: 503 Slow Down".into()));
+                    return Err(StoreError::Transient(
+                        "injected fault: 503 Slow Down".into(),
+                    ));
                 }
-                Fault::FailAll => return Err(StoreError::Transient("injected fault: 503 Service Unavailable".into())),
+                Fault::FailAll => {
+                    return Err(StoreError::Transient(
+                        "injected fault: 503 Service Unavailable".into(),
+                    ))
+                }
                 Fault::FailPuts if is_put => {
                     return Err(StoreError::Transient("injected fault: PUT refused".into()))
                 }

@@ -15,7 +15,10 @@ pub struct RetryingBucket {
 
 impl RetryingBucket {
     pub fn new(inner: SharedBucket) -> Self {
-        Self { inner, attempts_max: STORE_ATTEMPTS_MAX }
+        Self {
+            inner,
+            attempts_max: STORE_ATTEMPTS_MAX,
+        }
     }
 
     async fn run<T, F, Fut>(&self, what: &str, key: &str, mut op: F) -> Result<T, StoreError>
@@ -26,10 +29,13 @@ impl RetryingBucket {
         let mut delay_ms = STORE_RETRY_BASE_DELAY_MS;
         let mut attempt = 1;
         loop {
-            let result = match tokio::time::timeout(Duration::from_millis(STORE_REQUEST_TIMEOUT_MS), op()).await {
-                Ok(r) => r,
-                Err(_) => Err(StoreError::Transient(format!("{what} {key}: timed out"))),
-            };
+            let result =
+                match tokio::time::timeout(Duration::from_millis(STORE_REQUEST_TIMEOUT_MS), op())
+                    .await
+                {
+                    Ok(r) => r,
+                    Err(_) => Err(StoreError::Transient(format!("{what} {key}: timed out"))),
+                };
             match result {
                 Err(StoreError::Transient(msg)) if attempt < self.attempts_max => {
                     tracing::warn!(%what, %key, attempt, delay_ms, error = %msg, "object-store request failed; retrying");
@@ -38,7 +44,9 @@ impl RetryingBucket {
                     attempt += 1;
                 }
                 Err(StoreError::Transient(msg)) => {
-                    return Err(StoreError::Transient(format!("{msg} (gave up after {attempt} attempts)")))
+                    return Err(StoreError::Transient(format!(
+                        "{msg} (gave up after {attempt} attempts)"
+                    )))
                 }
                 other => return other,
             }
@@ -49,32 +57,15 @@ impl RetryingBucket {
 #[async_trait]
 impl Bucket for RetryingBucket {
     async fn put(&self, key: &str, data: Bytes, mode: PutMode) -> Result<(), StoreError> {
-        let first = std::sync::atomic::AtomicBool::new(true);
-        self.run("PUT", key, || {
-            let retried = !first.swap(false, std::sync::atomic::Ordering::Relaxed);
-            let data = data.clone();
-            async move {
-                match self.inner.put(key, data.clone(), mode).await {
-                    // A conditional create whose first attempt timed out may have succeeded
-                    // after all: if the stored object is ours, the create succeeded.
-                    Err(StoreError::AlreadyExists(k)) if retried && mode == PutMode::Create => {
-                        match self.inner.get(key).await {
-                            Ok(stored) if stored == data => Ok(()),
-                            Ok(_) => Err(StoreError::AlreadyExists(k)),
-                            Err(e) => Err(e),
-                        }
-                    }
-                    other => other,
-                }
-            }
-        })
-        .await
+        self.run("PUT", key, || self.inner.put(key, data.clone(), mode))
+            .await
     }
     async fn get(&self, key: &str) -> Result<Bytes, StoreError> {
         self.run("GET", key, || self.inner.get(key)).await
     }
     async fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes, StoreError> {
-        self.run("GET", key, || self.inner.get_range(key, range.clone())).await
+        self.run("GET", key, || self.inner.get_range(key, range.clone()))
+            .await
     }
     async fn delete(&self, key: &str) -> Result<(), StoreError> {
         self.run("DELETE", key, || self.inner.delete(key)).await

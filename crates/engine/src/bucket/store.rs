@@ -32,9 +32,11 @@ impl ObjectStoreBucket {
 /// Opens the bucket a URL names. Relative `file://` paths (`file://./data`) are resolved against
 /// the working directory and created if missing.
 pub fn open_url(url: &str, options: &StoreOptions) -> Result<ObjectStoreBucket, String> {
-    let (scheme, rest) = url
-        .split_once("://")
-        .ok_or_else(|| format!("bucket URL `{url}` has no scheme (expected s3://, gs://, az://, file:// or memory://)"))?;
+    let (scheme, rest) = url.split_once("://").ok_or_else(|| {
+        format!(
+            "bucket URL `{url}` has no scheme (expected s3://, gs://, az://, file:// or memory://)"
+        )
+    })?;
     // object_store's own retries are kept short: RetryingBucket above this adds the budget the
     // engine wants, uniformly for every backend.
     let retry = RetryConfig {
@@ -57,8 +59,11 @@ pub fn open_url(url: &str, options: &StoreOptions) -> Result<ObjectStoreBucket, 
             let path = path
                 .canonicalize()
                 .map_err(|e| format!("bucket directory {}: {e}", path.display()))?;
+            // fsync each object and its directory: a flush barrier must survive power loss, not
+            // only a crash of this process.
             let local = object_store::local::LocalFileSystem::new_with_prefix(&path)
-                .map_err(|e| format!("bucket directory {}: {e}", path.display()))?;
+                .map_err(|e| format!("bucket directory {}: {e}", path.display()))?
+                .with_fsync(true);
             return Ok(ObjectStoreBucket::new(Arc::new(local)));
         }
         "s3" | "s3a" => {
@@ -100,7 +105,9 @@ fn classify(e: object_store::Error) -> StoreError {
     use object_store::Error as E;
     match e {
         E::NotFound { path, .. } => StoreError::NotFound(path),
-        E::AlreadyExists { path, .. } | E::Precondition { path, .. } => StoreError::AlreadyExists(path),
+        E::AlreadyExists { path, .. } | E::Precondition { path, .. } => {
+            StoreError::AlreadyExists(path)
+        }
         // Generic covers HTTP failures that outlasted object_store's own retries and local I/O
         // errors: both may pass (throttling, a full disk being cleaned), so they are retried.
         E::Generic { .. } | E::JoinError { .. } => StoreError::Transient(e.to_string()),
@@ -115,7 +122,10 @@ impl Bucket for ObjectStoreBucket {
             PutMode::Overwrite => object_store::PutMode::Overwrite,
             PutMode::Create => object_store::PutMode::Create,
         };
-        let opts = PutOptions { mode, ..Default::default() };
+        let opts = PutOptions {
+            mode,
+            ..Default::default()
+        };
         self.store
             .put_opts(&Path::from(key), PutPayload::from_bytes(data), opts)
             .await
@@ -130,7 +140,11 @@ impl Bucket for ObjectStoreBucket {
 
     async fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes, StoreError> {
         let expected = range.end - range.start;
-        let data = self.store.get_range(&Path::from(key), range).await.map_err(classify)?;
+        let data = self
+            .store
+            .get_range(&Path::from(key), range)
+            .await
+            .map_err(classify)?;
         if data.len() as u64 != expected {
             return Err(StoreError::Permanent(format!(
                 "object {key}: ranged read returned {} bytes, expected {expected}",
@@ -152,7 +166,10 @@ impl Bucket for ObjectStoreBucket {
         let mut out: Vec<ObjectInfo> = self
             .store
             .list(Some(&prefix))
-            .map_ok(|m| ObjectInfo { key: m.location.to_string(), size_bytes: m.size })
+            .map_ok(|m| ObjectInfo {
+                key: m.location.to_string(),
+                size_bytes: m.size,
+            })
             .try_collect()
             .await
             .map_err(classify)?;
