@@ -19,7 +19,7 @@ use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use parking_lot::Mutex;
 use serde::Serialize;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -106,8 +106,9 @@ struct State {
     /// Bumped by every mutation, under this lock.
     write_gen: u64,
     pending: Batch,
-    /// The batch being uploaded (or whose upload failed and will be retried first).
-    flushing: Option<Arc<Batch>>,
+    /// Frozen batches not yet committed, oldest first: being sealed, queued, being uploaded,
+    /// or waiting to be uploaded again after a failure.
+    flushing: VecDeque<Arc<Batch>>,
     committed: MetaState,
     /// Bumped whenever `committed` changes, so a reader that fetched an older frame does not put
     /// it in the cache over a newer one.
@@ -123,13 +124,27 @@ enum Found {
 }
 
 impl State {
+    /// Unflushed batches, newest (the one that wins) first.
+    fn newest_first(&self) -> impl Iterator<Item = &Batch> {
+        std::iter::once(&self.pending).chain(self.flushing.iter().rev().map(|b| b.as_ref()))
+    }
+
+    /// Unflushed batches, oldest first (apply in this order).
+    fn oldest_first(&self) -> impl Iterator<Item = &Batch> {
+        self.flushing
+            .iter()
+            .map(|b| b.as_ref())
+            .chain(std::iter::once(&self.pending))
+    }
+
+    fn unflushed_bytes(&self) -> usize {
+        self.oldest_first().map(Batch::data_bytes).sum()
+    }
+
     /// The current content of an extent, as far as memory knows it.
     fn find(&mut self, ino: u64, index: u64) -> Found {
         let key = (ino, index);
-        for batch in [Some(&self.pending), self.flushing.as_deref()]
-            .into_iter()
-            .flatten()
-        {
+        for batch in self.newest_first() {
             match batch.extents.get(&key) {
                 Some(Dirty::Data(d)) => return Found::Data(d.clone()),
                 Some(Dirty::Hole) => return Found::Zero,
@@ -149,7 +164,7 @@ impl State {
     /// show through, else just forget the pending entry.
     fn punch(&mut self, ino: u64, index: u64) {
         let key = (ino, index);
-        let older = match self.flushing.as_deref().and_then(|f| f.extents.get(&key)) {
+        let older = match self.flushing.iter().rev().find_map(|f| f.extents.get(&key)) {
             Some(Dirty::Data(_)) => true,
             Some(Dirty::Hole) => false,
             None => self.committed.extent(ino, index).is_some(),
@@ -162,10 +177,7 @@ impl State {
     }
 
     fn kv_get(&self, key: &[u8]) -> Option<Vec<u8>> {
-        for batch in [Some(&self.pending), self.flushing.as_deref()]
-            .into_iter()
-            .flatten()
-        {
+        for batch in self.newest_first() {
             if let Some(v) = batch.kv.get(key) {
                 return v.clone();
             }
@@ -191,10 +203,24 @@ pub enum KvChange {
     Delete(Vec<u8>),
 }
 
-struct FlushCtl {
+/// A sealed log object waiting for (or retrying) its upload.
+#[derive(Clone)]
+struct Sealed {
+    seq: u64,
+    object: Bytes,
+    ops: Arc<Vec<MetaOp>>,
+    /// The write generation that is durable once this object is.
+    gen: u64,
+}
+
+/// Flushes run in two stages so that sealing one batch overlaps with uploading the previous
+/// one: stage one (under `seal`) freezes the pending batch, seals it and queues it; stage two
+/// (under `upload`) uploads queued objects strictly in order and commits each.
+struct SealCtl {
     next_seq: u64,
-    /// A log object whose upload failed: retried, byte for byte, before anything else.
-    stuck: Option<(u64, Bytes, Vec<MetaOp>)>,
+}
+
+struct UploadCtl {
     checkpoint_seq: u64,
     log_bytes_since_checkpoint: u64,
     /// Log objects in the bucket (for the garbage collector).
@@ -229,7 +255,11 @@ struct Inner {
     codec: Codec,
     read_only: bool,
     state: Mutex<State>,
-    flush: tokio::sync::Mutex<FlushCtl>,
+    seal: tokio::sync::Mutex<SealCtl>,
+    upload: tokio::sync::Mutex<UploadCtl>,
+    /// Sealed objects not yet uploaded, in sequence order. A failed upload stays at the front
+    /// and is retried byte for byte (a PUT that secretly succeeded is then recognised).
+    queue: Mutex<VecDeque<Sealed>>,
     durable_gen: AtomicU64,
     poisoned: Mutex<Option<String>>,
     disk_cache: Option<DiskCache>,
@@ -416,16 +446,17 @@ impl Engine {
                 state: Mutex::new(State {
                     write_gen: 0,
                     pending: Batch::default(),
-                    flushing: None,
+                    flushing: VecDeque::new(),
                     committed,
                     commit_gen: 0,
                     clean: lru::LruCache::new(
                         NonZeroUsize::new(clean_extents).expect("at least 1024"),
                     ),
                 }),
-                flush: tokio::sync::Mutex::new(FlushCtl {
+                seal: tokio::sync::Mutex::new(SealCtl {
                     next_seq: last_seq + 1,
-                    stuck: None,
+                }),
+                upload: tokio::sync::Mutex::new(UploadCtl {
                     checkpoint_seq,
                     log_bytes_since_checkpoint: 0,
                     known_logs,
@@ -436,6 +467,7 @@ impl Engine {
                 lock_holder,
                 checkpoint_running: AtomicBool::new(false),
                 background_flush: AtomicBool::new(false),
+                queue: Mutex::new(VecDeque::new()),
                 counters: Counters::default(),
             }),
         };
@@ -470,7 +502,7 @@ impl Engine {
 
     fn has_unflushed(&self) -> bool {
         let st = self.inner.state.lock();
-        st.write_gen > self.inner.durable_gen.load(Ordering::Acquire) || st.flushing.is_some()
+        st.write_gen > self.inner.durable_gen.load(Ordering::Acquire) || !st.flushing.is_empty()
     }
 
     fn check_writable(&self) -> Result<(), EngineError> {
@@ -501,7 +533,8 @@ impl Engine {
                     .store(false, Ordering::Release);
             });
         }
-        while self.inner.state.lock().pending.data_bytes() >= DIRTY_BYTES_MAX {
+        // Bounds memory also while uploads fail: then flush() errors and so does the write.
+        while self.inner.state.lock().unflushed_bytes() >= DIRTY_BYTES_MAX {
             self.flush().await?;
         }
         Ok(())
@@ -784,10 +817,7 @@ impl Engine {
             .extent_indexes(ino, first..last + 1)
             .into_iter()
             .collect();
-        for batch in [st.flushing.as_deref(), Some(&st.pending)]
-            .into_iter()
-            .flatten()
-        {
+        for batch in st.oldest_first() {
             for ((i, index), d) in &batch.extents {
                 if *i == ino && (first..=last).contains(index) {
                     match d {
@@ -823,10 +853,7 @@ impl Engine {
             .extent_indexes(ino, from_index..u64::MAX)
             .into_iter()
             .collect();
-        for batch in [st.flushing.as_deref(), Some(&st.pending)]
-            .into_iter()
-            .flatten()
-        {
+        for batch in st.oldest_first() {
             indexes.extend(
                 batch
                     .extents
@@ -856,10 +883,7 @@ impl Engine {
             .kv_range(prefix)
             .map(|(k, v)| (k.clone(), Some(v.clone())))
             .collect();
-        for batch in [st.flushing.as_deref(), Some(&st.pending)]
-            .into_iter()
-            .flatten()
-        {
+        for batch in st.oldest_first() {
             for (k, v) in batch
                 .kv
                 .range(prefix.to_vec()..)
@@ -904,66 +928,83 @@ impl Engine {
             if let Some(why) = &*self.inner.poisoned.lock() {
                 return Err(EngineError::Poisoned(why.clone()));
             }
-            let mut ctl = self.inner.flush.lock().await;
-            if self.inner.durable_gen.load(Ordering::Acquire) >= target {
-                return Ok(());
-            }
-            self.flush_locked(&mut ctl).await?;
+            self.seal_pending(target).await;
+            self.upload_queued(target).await?;
         }
     }
 
-    async fn flush_locked(&self, ctl: &mut FlushCtl) -> Result<(), EngineError> {
-        if let Some((seq, object, ops)) = ctl.stuck.take() {
-            match self.upload(seq, object.clone()).await {
-                Ok(()) => self.commit(ctl, seq, &ops, &object),
-                Err(e) => {
-                    ctl.stuck = Some((seq, object, ops));
-                    return Err(e);
-                }
-            }
+    /// Stage one: unless a queued batch already covers `target`, freeze the pending batch, seal
+    /// it and queue it.
+    async fn seal_pending(&self, target: u64) {
+        let mut ctl = self.inner.seal.lock().await;
+        let frozen_gen = self.inner.queue.lock().back().map(|s| s.gen);
+        if frozen_gen.is_some_and(|g| g >= target)
+            || self.inner.durable_gen.load(Ordering::Acquire) >= target
+        {
+            return;
         }
         let batch = {
             let mut st = self.inner.state.lock();
             let mut batch = std::mem::take(&mut st.pending);
             batch.gen = st.write_gen;
             if batch.is_empty() {
-                self.inner
-                    .durable_gen
-                    .fetch_max(batch.gen, Ordering::AcqRel);
-                return Ok(());
+                // Nothing new since the last freeze: the queued batches (if any) cover it all.
+                drop(st);
+                if frozen_gen.is_none() {
+                    self.inner
+                        .durable_gen
+                        .fetch_max(batch.gen, Ordering::AcqRel);
+                }
+                return;
             }
             let batch = Arc::new(batch);
-            st.flushing = Some(batch.clone());
+            st.flushing.push_back(batch.clone());
             batch
         };
         let seq = ctl.next_seq;
         ctl.next_seq += 1;
         let started = std::time::Instant::now();
-        let (object, ops) = self.encode(seq, batch.clone()).await;
-        let encoded = started.elapsed();
-        let object = Bytes::from(object);
+        let gen = batch.gen;
+        let extents = batch.extents.len();
+        let (object, ops) = self.encode(seq, batch).await;
+        tracing::debug!(
+            seq,
+            bytes = object.len(),
+            extents,
+            seal_us = started.elapsed().as_micros() as u64,
+            "sealed"
+        );
+        self.inner.queue.lock().push_back(Sealed {
+            seq,
+            object: Bytes::from(object),
+            ops: Arc::new(ops),
+            gen,
+        });
         self.inner.counters.flushes.fetch_add(1, Ordering::Relaxed);
-        match self.upload(seq, object.clone()).await {
-            Ok(()) => {
-                let uploaded = started.elapsed();
-                self.commit(ctl, seq, &ops, &object);
-                tracing::debug!(
-                    seq,
-                    bytes = object.len(),
-                    extents = batch.extents.len(),
-                    encode_us = encoded.as_micros() as u64,
-                    upload_us = (uploaded - encoded).as_micros() as u64,
-                    commit_us = (started.elapsed() - uploaded).as_micros() as u64,
-                    "flushed"
-                );
-                Ok(())
+    }
+
+    /// Stage two: upload and commit queued objects in order until `target` is durable.
+    async fn upload_queued(&self, target: u64) -> Result<(), EngineError> {
+        let mut ctl = self.inner.upload.lock().await;
+        while self.inner.durable_gen.load(Ordering::Acquire) < target {
+            let Some(sealed) = self.inner.queue.lock().front().cloned() else {
+                return Ok(());
+            };
+            let started = std::time::Instant::now();
+            if let Err(e) = self.upload(sealed.seq, sealed.object.clone()).await {
+                tracing::error!(seq = sealed.seq, error = %e, "upload failed; the sealed object stays queued and is uploaded again by the next flush");
+                return Err(e);
             }
-            Err(e) => {
-                tracing::error!(seq, error = %e, "flush failed; its batch stays in memory and is uploaded again by the next flush");
-                ctl.stuck = Some((seq, object, ops));
-                Err(e)
-            }
+            tracing::debug!(
+                seq = sealed.seq,
+                upload_us = started.elapsed().as_micros() as u64,
+                "uploaded"
+            );
+            // Commit before dequeuing: whoever finds the queue empty may rely on it being durable.
+            self.commit(&mut ctl, &sealed);
+            self.inner.queue.lock().pop_front();
         }
+        Ok(())
     }
 
     async fn upload(&self, seq: u64, object: Bytes) -> Result<(), EngineError> {
@@ -1081,11 +1122,19 @@ impl Engine {
     }
 
     /// Makes an uploaded log object the committed state.
-    fn commit(&self, ctl: &mut FlushCtl, seq: u64, ops: &[MetaOp], object: &Bytes) {
+    fn commit(&self, ctl: &mut UploadCtl, sealed: &Sealed) {
+        let (seq, object) = (sealed.seq, &sealed.object);
         let snapshot = {
             let mut st = self.inner.state.lock();
-            let batch = st.flushing.take().expect("a committed batch was flushing");
-            for op in ops {
+            let batch = st
+                .flushing
+                .pop_front()
+                .expect("a committed batch was flushing");
+            assert_eq!(
+                batch.gen, sealed.gen,
+                "batches commit in the order they were frozen"
+            );
+            for op in sealed.ops.iter() {
                 st.committed.apply(op);
             }
             for ((ino, index), d) in &batch.extents {
@@ -1188,7 +1237,7 @@ impl Engine {
             .buffer_unordered(DELETE_CONCURRENCY)
             .try_collect()
             .await?;
-        let mut ctl = self.inner.flush.lock().await;
+        let mut ctl = self.inner.upload.lock().await;
         for s in &deleted {
             ctl.known_logs.remove(s);
             if let Some(c) = &self.inner.disk_cache {

@@ -47,6 +47,8 @@ pub const ARGON2_MEMORY_KIB: u32 = 64 * 1024;
 pub const ARGON2_PASSES: u32 = 3;
 
 const _: () = assert!(EXTENT_SIZE_BYTES.is_multiple_of(4096));
+// frame.rs samples four 1 KiB probes, one per quarter of an extent.
+const _: () = assert!(EXTENT_SIZE_BYTES >= 4 * 1024);
 const _: () = assert!(DIRTY_BYTES_MAX >= 64 * EXTENT_SIZE_BYTES);
 // Frame offsets inside a log object are u32.
 const _: () = assert!((DIRTY_BYTES_MAX as u64) * 2 < u32::MAX as u64);

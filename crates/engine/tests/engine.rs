@@ -366,3 +366,45 @@ proptest! {
         });
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_writers_and_flushes_agree_with_what_reopens() {
+    let w = world();
+    let e = open(&w).await;
+    let mut tasks = Vec::new();
+    for t in 0..8u64 {
+        let e = e.clone();
+        tasks.push(tokio::spawn(async move {
+            for i in 0..60u64 {
+                // Overlapping, unaligned writes spanning extent boundaries.
+                let offset = (t * 7919 + i * 104_729) % (40 * EXTENT_SIZE_BYTES as u64);
+                let d = pattern((t * 31 + i) as u8, 5000 + (i as usize * 997) % 60_000);
+                e.write(1, offset, d.len() as u64, Fill::Data(&d))
+                    .await
+                    .unwrap();
+                if i % 7 == t % 7 {
+                    e.flush().await.unwrap();
+                }
+                if i % 13 == 0 {
+                    e.write(
+                        1,
+                        offset / 2,
+                        3 * EXTENT_SIZE_BYTES as u64,
+                        Fill::Zeroes { punch: true },
+                    )
+                    .await
+                    .unwrap();
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    e.flush().await.unwrap();
+    let size = 48 * EXTENT_SIZE_BYTES;
+    let expect = e.read(1, 0, size).await.unwrap();
+    drop(e);
+    let e = open(&w).await;
+    assert_eq!(e.read(1, 0, size).await.unwrap(), expect);
+}
