@@ -4,8 +4,8 @@
 //! wrapped (XChaCha20-Poly1305) by a key derived from the password with Argon2id. Changing the
 //! password rewraps the data key; no data is re-encrypted.
 
-use crate::limits::{ARGON2_MEMORY_KIB, ARGON2_PASSES};
-use chacha20poly1305::aead::{Aead, KeyInit, Payload};
+use crate::limits::{ARGON2_MEMORY_KIB, ARGON2_PASSES, EXTENT_SIZE_BYTES};
+use chacha20poly1305::aead::{Aead, AeadInPlace, KeyInit, Payload};
 use chacha20poly1305::{XChaCha20Poly1305, XNonce};
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
@@ -20,7 +20,7 @@ const WRAP_AAD: &[u8] = b"bucketfs data key v1";
 pub enum KeyError {
     #[error("wrong encryption password: it does not unlock this bucket's data key")]
     WrongPassword,
-    #[error("superblock is damaged: {0}")]
+    #[error("superblock: {0}")]
     Damaged(String),
     #[error("bucket format version {found} is not supported by this build (it reads version {FORMAT_VERSION})")]
     UnsupportedVersion { found: u32 },
@@ -31,6 +31,8 @@ pub enum KeyError {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Superblock {
     pub format_version: u32,
+    /// Files are cut into extents of this size; a build with another size refuses the bucket.
+    pub extent_size_bytes: u32,
     pub kdf: String,
     pub kdf_memory_kib: u32,
     pub kdf_passes: u32,
@@ -83,6 +85,7 @@ impl Superblock {
             .map_err(|_| KeyError::Damaged("key wrapping failed".into()))?;
         Ok(Superblock {
             format_version: FORMAT_VERSION,
+            extent_size_bytes: EXTENT_SIZE_BYTES as u32,
             kdf: "argon2id".into(),
             kdf_memory_kib: ARGON2_MEMORY_KIB,
             kdf_passes: ARGON2_PASSES,
@@ -97,6 +100,12 @@ impl Superblock {
             return Err(KeyError::UnsupportedVersion {
                 found: self.format_version,
             });
+        }
+        if self.extent_size_bytes as usize != EXTENT_SIZE_BYTES {
+            return Err(KeyError::Damaged(format!(
+                "the bucket uses {}-byte extents; this build uses {EXTENT_SIZE_BYTES}",
+                self.extent_size_bytes
+            )));
         }
         if self.kdf != "argon2id" {
             return Err(KeyError::Damaged(format!("unknown kdf `{}`", self.kdf)));
@@ -169,20 +178,18 @@ impl Sealer {
         }
     }
 
+    /// Appends `nonce || ciphertext || tag`, encrypting in place in `out` (no temporary copy:
+    /// this runs over every byte written).
     pub fn seal_into(&self, out: &mut Vec<u8>, aad: &[u8], plaintext: &[u8]) {
         let nonce = random::<NONCE_BYTES>();
-        let ct = self
-            .cipher
-            .encrypt(
-                XNonce::from_slice(&nonce),
-                Payload {
-                    msg: plaintext,
-                    aad,
-                },
-            )
-            .expect("XChaCha20-Poly1305 encryption cannot fail for inputs below 256 GiB");
         out.extend_from_slice(&nonce);
-        out.extend_from_slice(&ct);
+        let start = out.len();
+        out.extend_from_slice(plaintext);
+        let tag = self
+            .cipher
+            .encrypt_in_place_detached(XNonce::from_slice(&nonce), aad, &mut out[start..])
+            .expect("XChaCha20-Poly1305 encryption cannot fail for inputs below 256 GiB");
+        out.extend_from_slice(&tag);
     }
 
     #[cfg(test)]

@@ -266,6 +266,10 @@ struct Inner {
     lock_holder: Option<LockHolder>,
     checkpoint_running: AtomicBool,
     background_flush: AtomicBool,
+    /// The last upload failed (its object is still queued).
+    upload_failing: AtomicBool,
+    /// Wakes writers waiting for room when an upload commits.
+    committed_notify: tokio::sync::Notify,
     counters: Counters,
 }
 
@@ -467,6 +471,8 @@ impl Engine {
                 lock_holder,
                 checkpoint_running: AtomicBool::new(false),
                 background_flush: AtomicBool::new(false),
+                upload_failing: AtomicBool::new(false),
+                committed_notify: tokio::sync::Notify::new(),
                 queue: Mutex::new(VecDeque::new()),
                 counters: Counters::default(),
             }),
@@ -518,26 +524,50 @@ impl Engine {
     /// Starts a background flush once enough unflushed data is in memory; writers wait only
     /// while there is more than DIRTY_BYTES_MAX.
     async fn make_room(&self) -> Result<(), EngineError> {
-        let pending = self.inner.state.lock().pending.data_bytes();
-        if pending >= DIRTY_BYTES_FLUSH_START
-            && !self.inner.background_flush.swap(true, Ordering::AcqRel)
-        {
-            let engine = self.clone();
-            tokio::spawn(async move {
-                if let Err(e) = engine.flush().await {
-                    tracing::error!(error = %e, "background flush failed; unflushed writes stay in memory and are retried");
-                }
-                engine
-                    .inner
-                    .background_flush
-                    .store(false, Ordering::Release);
-            });
+        loop {
+            let (pending, unflushed) = {
+                let st = self.inner.state.lock();
+                (st.pending.data_bytes(), st.unflushed_bytes())
+            };
+            if pending >= DIRTY_BYTES_FLUSH_START {
+                self.kick_background_flush();
+            }
+            if unflushed < DIRTY_BYTES_MAX {
+                return Ok(());
+            }
+            if self.inner.upload_failing.load(Ordering::Acquire) {
+                // The store is refusing uploads: retry in the foreground so this writer gets
+                // the error instead of waiting without end.
+                self.flush().await?;
+                continue;
+            }
+            // Wait for an upload to commit (or a moment, in case a kick was missed).
+            let _ = tokio::time::timeout(
+                Duration::from_millis(50),
+                self.inner.committed_notify.notified(),
+            )
+            .await;
         }
-        // Bounds memory also while uploads fail: then flush() errors and so does the write.
-        while self.inner.state.lock().unflushed_bytes() >= DIRTY_BYTES_MAX {
-            self.flush().await?;
+    }
+
+    /// Seals the pending batch on a background task. The task lets the next kick seal another
+    /// batch as soon as its own is sealed, so sealing overlaps with the upload before it.
+    fn kick_background_flush(&self) {
+        if self.inner.background_flush.swap(true, Ordering::AcqRel) {
+            return;
         }
-        Ok(())
+        let engine = self.clone();
+        tokio::spawn(async move {
+            let target = engine.inner.state.lock().write_gen;
+            engine.seal_pending(target).await;
+            engine
+                .inner
+                .background_flush
+                .store(false, Ordering::Release);
+            if let Err(e) = engine.upload_queued(target).await {
+                tracing::error!(error = %e, "background flush failed; unflushed writes stay in memory and are retried");
+            }
+        });
     }
 
     // ---- data -------------------------------------------------------------------------------
@@ -993,8 +1023,10 @@ impl Engine {
             let started = std::time::Instant::now();
             if let Err(e) = self.upload(sealed.seq, sealed.object.clone()).await {
                 tracing::error!(seq = sealed.seq, error = %e, "upload failed; the sealed object stays queued and is uploaded again by the next flush");
+                self.inner.upload_failing.store(true, Ordering::Release);
                 return Err(e);
             }
+            self.inner.upload_failing.store(false, Ordering::Release);
             tracing::debug!(
                 seq = sealed.seq,
                 upload_us = started.elapsed().as_micros() as u64,
@@ -1003,6 +1035,7 @@ impl Engine {
             // Commit before dequeuing: whoever finds the queue empty may rely on it being durable.
             self.commit(&mut ctl, &sealed);
             self.inner.queue.lock().pop_front();
+            self.inner.committed_notify.notify_waiters();
         }
         Ok(())
     }

@@ -55,13 +55,13 @@ fn aad(ino: u64, index: u64, codec: u8) -> [u8; 21] {
 }
 
 /// Bytes of each of the samples taken to guess whether an extent compresses at all.
-const PROBE_BYTES: usize = 1024;
-const PROBES: usize = 4;
+const PROBE_BYTES: usize = 512;
+const PROBES: usize = 2;
 
 /// Already-compressed or encrypted data (media, archives, fio's random buffers) would cost a
-/// full zstd pass for nothing. lz4 over four 1 KiB samples, one per quarter of the extent (so a
-/// 4 KiB write into an otherwise empty extent still counts as compressible), decides in about
-/// a microsecond.
+/// full zstd pass for nothing. lz4 over two 512-byte samples, one per half of the extent (so a
+/// 4 KiB write into an otherwise empty extent still counts as compressible), decides in well
+/// under a microsecond.
 fn looks_incompressible(plain: &[u8]) -> bool {
     let stride = plain.len() / PROBES;
     (0..PROBES).all(|i| {

@@ -316,7 +316,8 @@ enum Op {
 }
 
 fn op() -> impl Strategy<Value = Op> {
-    let span = 6 * EXTENT_SIZE_BYTES as u64;
+    // Byte ranges independent of the extent size; writes up to 70 KB cross several extents.
+    let span = 192 * 1024u64;
     prop_oneof![
         4 => (1u64..3, 0..span, 1usize..70_000, any::<u8>()).prop_map(|(ino, offset, len, seed)| Op::Write { ino, offset, len, seed }),
         1 => (1u64..3, 0..span, 1u64..100_000).prop_map(|(ino, offset, len)| Op::Zero { ino, offset, len }),
@@ -335,7 +336,7 @@ proptest! {
         rt.block_on(async move {
             let w = world();
             let mut e = open(&w).await;
-            let size = 10 * EXTENT_SIZE_BYTES;
+            let size = 320 * 1024;
             let mut live = vec![vec![0u8; size]; 3];
             let mut durable = live.clone();
             for op in ops {
