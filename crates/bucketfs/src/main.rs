@@ -8,6 +8,11 @@ mod run;
 mod size;
 
 use clap::{Parser, Subcommand};
+
+/// Every request allocates and frees extent-sized buffers; glibc's allocator took 17 % of the
+/// CPU of 1 MiB sequential reads (perf), mimalloc a fraction of that.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use std::io::Read;
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -66,7 +66,7 @@ fn store_options(cfg: &Config) -> Vec<(String, String)> {
 /// The bucket with its decorators: requests are counted (every attempt), then retried.
 pub fn open_bucket(cfg: &Config) -> Result<(SharedBucket, Arc<CountingBucket>), String> {
     let store = open_url(&cfg.storage.url, &store_options(cfg))?;
-    let counting = Arc::new(CountingBucket::new(Arc::new(store)));
+    let counting = Arc::new(CountingBucket::new(store));
     let bucket: SharedBucket = Arc::new(RetryingBucket::new(counting.clone()));
     Ok((bucket, counting))
 }

@@ -781,13 +781,14 @@ impl Engine {
     ) -> Result<Vec<(u64, Arc<Vec<u8>>)>, EngineError> {
         let seq = group[0].1.seq;
         let key = logobj::log_key(seq);
-        let mut frames: Vec<Option<Vec<u8>>> = group
+        let mut frames: Vec<Option<Bytes>> = group
             .iter()
             .map(|(_, p)| {
                 self.inner
                     .disk_cache
                     .as_ref()
                     .and_then(|c| c.get(p.seq, p.offset, p.length))
+                    .map(Bytes::from)
             })
             .collect();
         if frames.iter().any(|f| f.is_none()) {
@@ -809,7 +810,7 @@ impl Engine {
             for ((_, p), slot) in group.iter().zip(frames.iter_mut()) {
                 if slot.is_none() {
                     let at = (u64::from(p.offset) - lo) as usize;
-                    let frame = bytes[at..at + p.length as usize].to_vec();
+                    let frame = bytes.slice(at..at + p.length as usize);
                     if let Some(c) = &self.inner.disk_cache {
                         c.put_frame(p.seq, p.offset, &frame);
                     }

@@ -14,7 +14,7 @@ struct World {
 }
 
 fn world() -> World {
-    let store: SharedBucket = Arc::new(open_url("memory://", &Vec::new()).unwrap());
+    let store: SharedBucket = open_url("memory://", &Vec::new()).unwrap();
     let faults = Arc::new(FaultyBucket::new(store));
     let bucket: SharedBucket = Arc::new(RetryingBucket::new(faults.clone()));
     World { faults, bucket }

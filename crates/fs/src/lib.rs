@@ -402,7 +402,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn block_devices_are_created_resized_and_deleted_durably() {
-        let bucket: SharedBucket = Arc::new(open_url("memory://", &Vec::new()).unwrap());
+        let bucket: SharedBucket = open_url("memory://", &Vec::new()).unwrap();
         let fs = open(&bucket).await;
         let d = fs.create_block_device("disk1", 1 << 20).await.unwrap();
         assert!(matches!(

@@ -5,13 +5,15 @@
 
 mod counting;
 mod faults;
+mod local;
 mod retry;
 mod store;
 
 pub use counting::{CountingBucket, RequestCounts};
 pub use faults::{Fault, FaultyBucket};
+pub use local::LocalBucket;
 pub use retry::RetryingBucket;
-pub use store::{open_url, ObjectStoreBucket, StoreOptions};
+pub use store::{open_object_store, ObjectStoreBucket, StoreOptions};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -55,3 +57,12 @@ pub trait Bucket: Send + Sync + 'static {
 }
 
 pub type SharedBucket = Arc<dyn Bucket>;
+
+/// Opens the bucket a URL names. `file://` paths may be relative (`file://./data`, resolved
+/// against the working directory); the directory is created if missing.
+pub fn open_url(url: &str, options: &StoreOptions) -> Result<SharedBucket, String> {
+    match url.strip_prefix("file://") {
+        Some(path) => Ok(Arc::new(LocalBucket::open(std::path::Path::new(path))?)),
+        None => Ok(Arc::new(open_object_store(url, options)?)),
+    }
+}

@@ -29,9 +29,8 @@ impl ObjectStoreBucket {
     }
 }
 
-/// Opens the bucket a URL names. Relative `file://` paths (`file://./data`) are resolved against
-/// the working directory and created if missing.
-pub fn open_url(url: &str, options: &StoreOptions) -> Result<ObjectStoreBucket, String> {
+/// Opens an object-store bucket: `s3://`, `gs://`, `az://`, `memory://`.
+pub fn open_object_store(url: &str, options: &StoreOptions) -> Result<ObjectStoreBucket, String> {
     let (scheme, rest) = url.split_once("://").ok_or_else(|| {
         format!(
             "bucket URL `{url}` has no scheme (expected s3://, gs://, az://, file:// or memory://)"
@@ -52,20 +51,6 @@ pub fn open_url(url: &str, options: &StoreOptions) -> Result<ObjectStoreBucket, 
     let bad_key = |k: &str, e: object_store::Error| format!("storage option `{k}`: {e}");
     let store: Arc<dyn ObjectStore> = match scheme {
         "memory" => Arc::new(object_store::memory::InMemory::new()),
-        "file" => {
-            let path = std::path::PathBuf::from(rest);
-            std::fs::create_dir_all(&path)
-                .map_err(|e| format!("cannot create bucket directory {}: {e}", path.display()))?;
-            let path = path
-                .canonicalize()
-                .map_err(|e| format!("bucket directory {}: {e}", path.display()))?;
-            // fsync each object and its directory: a flush barrier must survive power loss, not
-            // only a crash of this process.
-            let local = object_store::local::LocalFileSystem::new_with_prefix(&path)
-                .map_err(|e| format!("bucket directory {}: {e}", path.display()))?
-                .with_fsync(true);
-            return Ok(ObjectStoreBucket::new(Arc::new(local)));
-        }
         "s3" | "s3a" => {
             let mut b = object_store::aws::AmazonS3Builder::new().with_bucket_name(bucket_name);
             for (k, v) in options.iter().filter(|(k, _)| k.starts_with("aws_")) {
