@@ -388,7 +388,6 @@ mod tests {
     use super::*;
     use bucketfs_engine::bucket::{open_url, SharedBucket};
     use bucketfs_engine::EngineOptions;
-    use std::sync::Arc;
 
     async fn open(bucket: &SharedBucket) -> Fs {
         Fs::open(
