@@ -52,25 +52,37 @@ pub fn open_object_store(url: &str, options: &StoreOptions) -> Result<ObjectStor
     let store: Arc<dyn ObjectStore> = match scheme {
         "memory" => Arc::new(object_store::memory::InMemory::new()),
         "s3" | "s3a" => {
-            let mut b = object_store::aws::AmazonS3Builder::new().with_bucket_name(bucket_name);
+            let mut b = object_store::aws::AmazonS3Builder::new()
+                // Client options first: with_client_options replaces them wholesale, which would
+                // undo `*_allow_http` and friends set by the keys below.
+                .with_client_options(client.clone())
+                .with_retry(retry.clone()).with_bucket_name(bucket_name);
             for (k, v) in options.iter().filter(|(k, _)| k.starts_with("aws_")) {
                 b = b.with_config(k.parse().map_err(|e| bad_key(k, e))?, v);
             }
-            Arc::new(b.with_retry(retry).with_client_options(client).build().map_err(|e| e.to_string())?)
+            Arc::new(b.build().map_err(|e| e.to_string())?)
         }
         "gs" => {
-            let mut b = object_store::gcp::GoogleCloudStorageBuilder::new().with_bucket_name(bucket_name);
+            let mut b = object_store::gcp::GoogleCloudStorageBuilder::new()
+                // Client options first: with_client_options replaces them wholesale, which would
+                // undo `*_allow_http` and friends set by the keys below.
+                .with_client_options(client.clone())
+                .with_retry(retry.clone()).with_bucket_name(bucket_name);
             for (k, v) in options.iter().filter(|(k, _)| k.starts_with("google_")) {
                 b = b.with_config(k.parse().map_err(|e| bad_key(k, e))?, v);
             }
-            Arc::new(b.with_retry(retry).with_client_options(client).build().map_err(|e| e.to_string())?)
+            Arc::new(b.build().map_err(|e| e.to_string())?)
         }
         "az" | "azure" => {
-            let mut b = object_store::azure::MicrosoftAzureBuilder::new().with_container_name(bucket_name);
+            let mut b = object_store::azure::MicrosoftAzureBuilder::new()
+                // Client options first: with_client_options replaces them wholesale, which would
+                // undo `*_allow_http` and friends set by the keys below.
+                .with_client_options(client.clone())
+                .with_retry(retry.clone()).with_container_name(bucket_name);
             for (k, v) in options.iter().filter(|(k, _)| k.starts_with("azure_")) {
                 b = b.with_config(k.parse().map_err(|e| bad_key(k, e))?, v);
             }
-            Arc::new(b.with_retry(retry).with_client_options(client).build().map_err(|e| e.to_string())?)
+            Arc::new(b.build().map_err(|e| e.to_string())?)
         }
         other => {
             return Err(format!(
