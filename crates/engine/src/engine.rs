@@ -302,6 +302,10 @@ async fn unlock(
                 Err(StoreError::AlreadyExists(_)) => {
                     Box::pin(unlock(bucket, password, false)).await
                 }
+                // Creating an object can only find nothing when the bucket itself is missing.
+                Err(StoreError::NotFound(_)) => Err(EngineError::Store(StoreError::Permanent(
+                    "the bucket does not exist; create it first (or check the bucket name in storage.url)".into(),
+                ))),
                 Err(e) => Err(e.into()),
             }
         }
