@@ -1079,6 +1079,11 @@ impl Engine {
 
     /// Seals the batch's extents (on blocking threads, in parallel) into a log object.
     async fn encode(&self, seq: u64, batch: Arc<Batch>) -> (Vec<u8>, Vec<MetaOp>) {
+        // The fsync-heavy case (a few extents per flush) takes tens of microseconds to seal:
+        // less than the hop to a blocking thread, which sits on the critical path of an fsync.
+        if batch.extents.len() <= INLINE_SEAL_EXTENTS_MAX {
+            return self.encode_blocking(seq, &batch);
+        }
         let engine = self.clone();
         tokio::task::spawn_blocking(move || engine.encode_blocking(seq, &batch))
             .await
@@ -1108,11 +1113,7 @@ impl Engine {
             }
         }
         data.sort_unstable_by_key(|(ino, index, _)| (*ino, *index));
-        let threads = std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1)
-            .min(data.len().div_ceil(8))
-            .max(1);
+        let threads = cpu_count().min(data.len().div_ceil(8)).max(1);
         let chunk = data.len().div_ceil(threads).max(1);
         let sealer = &self.inner.sealer;
         let codec = self.inner.codec;
@@ -1318,6 +1319,17 @@ impl Engine {
             disk_cache_bytes: self.inner.disk_cache.as_ref().map_or(0, |c| c.bytes()),
         }
     }
+}
+
+/// Cores to seal on. Asked once: available_parallelism reads cgroup files, which costs more
+/// than sealing the one extent of a typical fsync.
+fn cpu_count() -> usize {
+    static CPUS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CPUS.get_or_init(|| {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    })
 }
 
 /// Frames sealed by one thread, with (ino, index, frame length) of each.

@@ -21,6 +21,8 @@ use std::sync::Arc;
 
 /// Open read handles kept; beyond this the cache is emptied (objects are many, reads cluster).
 const OPEN_FILES_MAX: usize = 512;
+/// PUTs up to this size run on the calling task (see `put`).
+const INLINE_PUT_BYTES_MAX: usize = 256 * 1024;
 /// Staging files live here until they are linked into place; never listed.
 const STAGING_DIR: &str = ".staging";
 
@@ -174,6 +176,12 @@ impl Bucket for LocalBucket {
             std::process::id(),
             self.staging_counter.fetch_add(1, Ordering::Relaxed)
         );
+        // Small objects (an fsync-driven flush) are written right here: the write and fsync take
+        // about as long as the round trip through the blocking pool would add to the fsync.
+        if data.len() <= INLINE_PUT_BYTES_MAX {
+            return put_file(&self.root, &key, &data, mode, &staging_name)
+                .map_err(|e| io_error(&key, e));
+        }
         blocking(move || {
             put_file(&root, &key, &data, mode, &staging_name).map_err(|e| io_error(&key, e))
         })
