@@ -1205,8 +1205,14 @@ impl Engine {
             .counters
             .log_bytes_written
             .fetch_add(object.len() as u64, Ordering::Relaxed);
-        if let Some(c) = &self.inner.disk_cache {
-            c.put_object(seq, object);
+        if self.inner.disk_cache.is_some() {
+            // Up to DIRTY_BYTES_MAX of file writes: not on an async worker.
+            let (engine, object) = (self.clone(), object.clone());
+            tokio::task::spawn_blocking(move || {
+                if let Some(c) = &engine.inner.disk_cache {
+                    c.put_object(seq, &object);
+                }
+            });
         }
         if let Some(state) = snapshot {
             ctl.checkpoint_seq = seq;
