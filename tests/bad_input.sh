@@ -550,7 +550,7 @@ PY
     out="$(qio_output victim 'read 0 8M')"
     grep -q 'Input/output error' <<<"$out" ||
         die "qemu-io read of the corrupted range did not report an I/O error: $out"
-    bucketfs_log_current | grep -qiE 'corrupt|authenticat|integrity|checksum|decrypt|tamper' ||
+    bucketfs_log_current | grep -iE 'corrupt|authenticat|integrity|checksum|decrypt|tamper' >/dev/null ||
         die "the server log does not mention the corruption of $key"
     bucketfs_alive || die "bucketfs died reading a corrupted object"
     qio raw 'read -P 0x61 1048576 65536' 'write -P 0x62 4194304 4096' 'read -P 0x62 4194304 4096' ||

@@ -28,7 +28,7 @@ adapt_init_config() {
         config_set "$cfg" aws secret_access_key '"testing"'
         config_set "$cfg" aws region '"us-east-1"'
         config_set "$cfg" aws endpoint "\"$S3_ENDPOINT\""
-        config_set "$cfg" aws allow_http true
+        [[ "$S3_ENDPOINT" == https:* ]] || config_set "$cfg" aws allow_http true
     else
         BUCKET_DIR="$CONFIG_DIR/bucket"
         BUCKET_URL="file://$BUCKET_DIR"
@@ -84,7 +84,7 @@ check_exports() {
     [[ "$size_a" == 1073741824 || "$size_a" == 1000000000 ]] || die "alpha (1G) has size $size_a"
     [[ "$(export_size gamma)" == 21474836480 ]] || die "gamma (20GiB) has size $(export_size gamma)"
     [[ "$(export_size beta)" == $((size_a / 2)) ]] || die "beta (512M) has size $(export_size beta)"
-    timeout 30 nbdinfo --list "nbd://127.0.0.1:$NBD_PORT" | grep -q 'export="gamma"' ||
+    timeout 30 nbdinfo --list "nbd://127.0.0.1:$NBD_PORT" | grep 'export="gamma"' >/dev/null ||
         die "nbdinfo --list does not show gamma"
 
     qio alpha 'write -P 0x41 0 1M' "write -P 0x42 $((size_a - 4096)) 4096" 'flush' ||

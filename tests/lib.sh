@@ -27,6 +27,8 @@
 #   BUCKETFS_CLIENT_TIMEOUT    seconds any one client command may take (default 600)
 #   BUCKETFS_DATA_PREFIXES     bucket prefixes that hold file-data objects (default "segments/ log/")
 #   BUCKETFS_TEST_PYTHON       python with boto3/moto (default python3)
+#   BUCKETFS_TEST_S3_TLS=1     serve moto over HTTPS with a throwaway CA (default: plain HTTP
+#                              with aws.allow_http = true)
 #
 # Variables set for the test
 #   REPO_ROOT, TESTS_DIR       the repository and its tests/ folder
@@ -360,7 +362,7 @@ make_config() {
             echo "secret_access_key = \"testing\""
             echo "region = \"us-east-1\""
             echo "endpoint = \"$S3_ENDPOINT\""
-            echo "allow_http = true"
+            [[ "$S3_ENDPOINT" == https:* ]] || echo "allow_http = true"
         fi
         echo
         echo "[servers.nbd]"
@@ -558,6 +560,7 @@ if backend == "s3":
         aws_secret_access_key="testing",
         region_name="us-east-1",
         config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 5}),
+        verify=os.environ.get("S3_CA_BUNDLE") or None,
     )
     bucket = os.environ["S3_BUCKET"]
     prefix = os.environ.get("S3_PREFIX", "").strip("/")
@@ -647,6 +650,22 @@ bucket_tool() {
         "$BUCKETFS_TEST_PYTHON" "$TEST_DIR/bucket_tool.py" "$@"
 }
 
+# A CA and a server certificate for 127.0.0.1, in DIR/{ca.pem,server.pem,server.key}.
+_make_test_ca() {
+    local dir="$1"
+    mkdir -p "$dir"
+    {
+        openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=bucketfs-test-ca \
+            -keyout "$dir/ca.key" -out "$dir/ca.pem" &&
+            openssl req -newkey rsa:2048 -nodes -subj /CN=127.0.0.1 \
+                -keyout "$dir/server.key" -out "$dir/server.csr" &&
+            printf '%s\n' 'subjectAltName=IP:127.0.0.1' 'basicConstraints=CA:FALSE' \
+                'extendedKeyUsage=serverAuth' 'keyUsage=digitalSignature,keyEncipherment' >"$dir/ext.cnf" &&
+            openssl x509 -req -days 2 -in "$dir/server.csr" -CA "$dir/ca.pem" -CAkey "$dir/ca.key" \
+                -CAcreateserial -extfile "$dir/ext.cnf" -out "$dir/server.pem"
+    } >"$dir/openssl.log" 2>&1 || { cat "$dir/openssl.log" >&2; die "could not make a test CA"; }
+}
+
 start_moto() {
     local log="$TEST_DIR/moto.log"
     if [[ -n "$MOTO_PID" ]] && pid_alive "$MOTO_PID"; then
@@ -654,9 +673,22 @@ start_moto() {
     fi
     requires_python_module moto boto3 flask flask_cors
     MOTO_PORT="$(pick_unused_port)"
-    S3_ENDPOINT="http://127.0.0.1:$MOTO_PORT"
+    local tls_args=()
+    if [[ "${BUCKETFS_TEST_S3_TLS:-}" == 1 ]]; then
+        # HTTPS with a throwaway CA: SSL_CERT_FILE makes bucketfs (rustls with the platform
+        # verifier) trust it, S3_CA_BUNDLE does the same for bucket_tool's boto3.
+        requires openssl
+        _make_test_ca "$TEST_DIR/tls"
+        tls_args=(-s -c "$TEST_DIR/tls/server.pem" -k "$TEST_DIR/tls/server.key")
+        S3_ENDPOINT="https://127.0.0.1:$MOTO_PORT"
+        SSL_CERT_FILE="$TEST_DIR/tls/ca.pem"
+        S3_CA_BUNDLE="$TEST_DIR/tls/ca.pem"
+        export SSL_CERT_FILE S3_CA_BUNDLE
+    else
+        S3_ENDPOINT="http://127.0.0.1:$MOTO_PORT"
+    fi
     export MOTO_PORT S3_ENDPOINT
-    "$BUCKETFS_TEST_PYTHON" -m moto.server -H 127.0.0.1 -p "$MOTO_PORT" >>"$log" 2>&1 &
+    "$BUCKETFS_TEST_PYTHON" -m moto.server -H 127.0.0.1 -p "$MOTO_PORT" "${tls_args[@]}" >>"$log" 2>&1 &
     MOTO_PID=$!
     register_pid "$MOTO_PID"
     wait_for 60 _port_open "$MOTO_PORT" || {

@@ -1,0 +1,278 @@
+#!/usr/bin/env bash
+# The benchmark harness end to end, in its tiny mode: every output exists and parses. Figures are
+# not judged (a benchmark never fails on speed); what is checked is that the harness measured
+# what it says it measured.
+#
+#   1. bench/s3proxy.py on its own, against a keep-alive HTTP/1.1 server: several requests on one
+#      connection (Content-Length and chunked bodies both ways, HEAD, Expect: 100-continue) arrive
+#      intact, each delayed by the latency, and the bandwidth limit holds.
+#   2. bench/run --tiny with the targets of this backend (tests/run runs the test once per
+#      backend; together they cover every kind of target):
+#        file: local, bucketfs-file, bucketfs-s3-lat (moto behind the latency proxy)
+#        s3:   local, bucketfs-s3, and a peer NBD server given as a command (nbdkit memory)
+#      then: results.json has every pgbench run and fio job with its figures (TPS, latency
+#      percentiles, per-second series, ratio to local, object-store cost for bucketfs targets),
+#      the CSVs have rows, charts/*.png are PNGs, report.html embeds every chart (base64), the
+#      terminal table names every target, the proxy saw the S3 traffic, and bench/compare runs.
+set -euo pipefail
+# shellcheck source=tests/lib.sh
+source "$(dirname "$0")/lib.sh"
+
+requires python3 timeout
+# Bounds: the tiny run takes ~2 min; a hung step must fail the test well within tests/run's limit.
+BENCH_TIMEOUT_S=330
+
+proxy_selftest() {
+    log "s3proxy: keep-alive request framing, latency and bandwidth"
+    python3 - "$REPO_ROOT/bench/s3proxy.py" "$(pick_unused_port)" "$(pick_unused_port)" "$TEST_DIR/proxy-selftest.json" <<'PY'
+import http.client, http.server, json, os, socket, subprocess, sys, threading, time
+
+proxy_py, up_port, px_port, stats = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+store = {}
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, unlike moto
+
+    def log_message(self, *a):
+        pass
+
+    def body(self):
+        if "chunked" in (self.headers.get("Transfer-Encoding") or ""):
+            data = b""
+            while True:
+                size = int(self.rfile.readline().split(b";")[0], 16)
+                if size == 0:
+                    while self.rfile.readline() not in (b"\r\n", b""):
+                        pass
+                    return data
+                data += self.rfile.read(size)
+                self.rfile.read(2)
+        return self.rfile.read(int(self.headers.get("Content-Length", 0)))
+
+    def do_PUT(self):
+        store[self.path] = self.body()
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def do_GET(self):
+        data = store.get(self.path, b"")
+        self.send_response(200)
+        if self.path.endswith("chunked"):
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for i in range(0, len(data), 1000):
+                piece = data[i:i + 1000]
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+            self.wfile.write(b"0\r\n\r\n")
+        else:
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    def do_HEAD(self):
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(store.get(self.path, b""))))
+        self.end_headers()
+
+server = http.server.ThreadingHTTPServer(("127.0.0.1", up_port), Handler)
+threading.Thread(target=server.serve_forever, daemon=True).start()
+latency_s, bandwidth = 0.05, 10e6
+proxy = subprocess.Popen([sys.executable, proxy_py, "--listen", "127.0.0.1:%d" % px_port,
+                          "--upstream", "127.0.0.1:%d" % up_port, "--latency", "50ms",
+                          "--bandwidth", "10MB/s", "--stats", stats])
+try:
+    for _ in range(100):
+        try:
+            socket.create_connection(("127.0.0.1", px_port), timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.1)
+    c = http.client.HTTPConnection("127.0.0.1", px_port, timeout=30)
+    blob = os.urandom(1_000_000)
+    small = os.urandom(5000)
+    t0 = time.monotonic()
+    c.request("PUT", "/a", body=blob)  # Content-Length body
+    r = c.getresponse(); r.read(); assert r.status == 200, r.status
+    t_put = time.monotonic() - t0
+    c.request("PUT", "/b-chunked", body=iter([small[:3000], small[3000:]]),
+              encode_chunked=True, headers={"Transfer-Encoding": "chunked"})
+    r = c.getresponse(); r.read(); assert r.status == 200
+    c.request("PUT", "/c", body=small, headers={"Expect": "100-continue"})
+    r = c.getresponse(); r.read(); assert r.status == 200
+    c.request("HEAD", "/a")
+    r = c.getresponse(); r.read(); assert r.getheader("Content-Length") == str(len(blob))
+    c.request("GET", "/a")
+    r = c.getresponse(); assert r.read() == blob
+    c.request("GET", "/b-chunked")
+    r = c.getresponse(); assert r.read() == small
+    c.request("GET", "/c")
+    r = c.getresponse(); assert r.read() == small
+    elapsed = time.monotonic() - t0
+    c.close()
+    # 1 MB at 10 MB/s is at least 0.1 s, plus the latency.
+    assert t_put >= latency_s + 0.09, "PUT of 1 MB took %.3f s: bandwidth limit not applied" % t_put
+    assert elapsed >= 7 * latency_s, "7 requests took %.3f s: latency not applied per request" % elapsed
+finally:
+    proxy.terminate()
+    proxy.wait(10)
+    server.shutdown()
+s = json.load(open(stats))
+assert s["requests"] == 7, s
+# Two connections: the readiness probe, then the client's one keep-alive connection.
+assert s["connections"] == 2, "keep-alive connection was not kept: %s" % s
+assert s["by_method"] == {"PUT": 3, "HEAD": 1, "GET": 3}, s
+assert s["errors"] == 0, s
+assert s["bytes_up"] > 1_000_000 and s["bytes_down"] > 1_000_000, s
+print("s3proxy self-test: 7 requests on 1 connection, %.2f s of delay added, PUT 1 MB in %.3f s" % (
+    s["delay_added_s"], t_put))
+PY
+}
+
+check_outputs() { # check_outputs RESULTS_DIR TARGET... : every output exists and parses
+    python3 - "$@" <<'PY'
+import base64, csv, json, os, re, sys
+
+d, targets = sys.argv[1], sys.argv[2:]
+fail = []
+def check(cond, what):
+    if not cond:
+        fail.append(what)
+
+res = json.load(open(os.path.join(d, "results.json")))
+s = res["settings"]
+check(s["suite"] == "tiny" and s["targets"] == targets, "settings.json: suite/targets %s %s" % (s["suite"], s["targets"]))
+check(res["conditions"].get("loadavg_1m"), "conditions: no load samples")
+pg = {(r["target"], r["workload"]): r for r in res["pgbench"]}
+jobs = [j.split()[0] for j in s["fio_jobs"]]
+for t in targets:
+    bucketfs = t.startswith("bucketfs-")
+    for w in ("init", "rw-sync", "rw-async", "ro"):
+        r = pg.get((t, w))
+        check(r is not None, "pgbench %s %s missing" % (t, w))
+        if r is None:
+            continue
+        check(r["elapsed_s"] > 0, "%s %s: elapsed" % (t, w))
+        if w == "init":
+            check(r["device"]["write_bytes"] > 0, "%s init: no device writes counted" % t)
+        else:
+            check(r["tps"] and r["tps"] > 0 and r["transactions"] > 0, "%s %s: tps" % (t, w))
+            lat = r.get("latency_ms") or {}
+            check(all(isinstance(lat.get(p), (int, float)) for p in ("p50", "p95", "p99")),
+                  "%s %s: latency percentiles %s" % (t, w, lat))
+            check(lat.get("p50", 0) <= lat.get("p95", 0) <= lat.get("p99", 0), "%s %s: percentiles out of order" % (t, w))
+            ps = r.get("per_second") or {}
+            check(len(ps.get("tps", [])) >= 3 and sum(ps["tps"]) > 0, "%s %s: per-second series" % (t, w))
+            check(r.get("steady") is not None, "%s %s: steadiness" % (t, w))
+        if "local" in targets:
+            check(r["ratio_to_local"] is not None, "%s %s: no ratio to local" % (t, w))
+            if t == "local":
+                check(r["ratio_to_local"] == 1.0, "local %s: ratio %s" % (w, r["ratio_to_local"]))
+        if bucketfs:
+            c = r.get("cost") or {}
+            check(set(c.get("requests", {})) == {"put", "get", "list", "delete"}, "%s %s: cost requests" % (t, w))
+            check(c.get("per_gib") is not None, "%s %s: cost per GiB written" % (t, w))
+            if w != "init":
+                check(c.get("per_1k_tx") is not None, "%s %s: cost per 1k tx" % (t, w))
+            if w in ("init", "rw-sync"):
+                check(c["requests"]["put"] > 0, "%s %s: no PUT counted" % (t, w))
+        else:
+            check(r.get("cost") is None, "%s %s: cost on a target without counters" % (t, w))
+    fio = {r["job"]: r for r in res["fio"] if r["target"] == t}
+    for j in jobs:
+        r = fio.get(j)
+        check(r is not None and r["iops"] > 0 and r["bw_mib_s"] > 0, "fio %s %s: IOPS" % (t, j))
+        if r is not None:
+            check(r["latency_ms"]["p99"] is not None, "fio %s %s: p99" % (t, j))
+            if bucketfs and "write" in r["rw"]:
+                check(r["cost"]["requests"]["put"] > 0, "fio %s %s: no PUT counted" % (t, j))
+
+def csv_rows(name):
+    with open(os.path.join(d, name), newline="") as f:
+        return list(csv.DictReader(f))
+check(len(csv_rows("pgbench.csv")) == 4 * len(targets), "pgbench.csv rows")
+check(len(csv_rows("fio.csv")) == len(jobs) * len(targets), "fio.csv rows")
+check(len(csv_rows("timeseries.csv")) >= 9 * len(targets), "timeseries.csv rows")
+nb = sum(1 for t in targets if t.startswith("bucketfs-"))
+check(len(csv_rows("cost.csv")) >= 4 * nb, "cost.csv rows")
+
+charts = res["charts"]
+for name in ("charts/throughput-small.png", "charts/latency-small.png", "charts/init.png", "charts/fio.png"):
+    check(name in charts, "chart %s missing" % name)
+if nb:
+    check("charts/cost.png" in charts, "chart charts/cost.png missing")
+for name in charts:
+    with open(os.path.join(d, name), "rb") as f:
+        head = f.read(8)
+    check(head == b"\x89PNG\r\n\x1a\n", "%s is not a PNG" % name)
+    check(os.path.getsize(os.path.join(d, name)) > 5000, "%s is suspiciously small" % name)
+
+html = open(os.path.join(d, "report.html")).read()
+images = re.findall(r"data:image/png;base64,([A-Za-z0-9+/=]+)", html)
+check(len(images) == len(charts), "report.html embeds %d images, %d charts" % (len(images), len(charts)))
+check(all(base64.b64decode(i)[:8] == b"\x89PNG\r\n\x1a\n" for i in images), "report.html: an embedded image is not a PNG")
+check("src=\"http" not in html and "src='http" not in html, "report.html is not self-contained")
+table = open(os.path.join(d, "table.txt")).read()
+for t in targets:
+    label = res["labels"][t]
+    check(label in html and label in table, "target %s missing from the table or report" % label)
+check("vs local" in table and "p99 ms" in table, "table.txt lacks the ratio or latency columns")
+
+if "bucketfs-s3-lat" in targets:
+    proxies = [p["stats"] for p in res["s3proxy"]]
+    check(len(proxies) == 2, "expected a proxy stats file per bucketfs-s3-lat phase, got %d" % len(proxies))
+    for p in proxies:
+        check(p["requests"] > 0 and p["by_method"].get("PUT", 0) > 0, "proxy saw no PUT: %s" % p)
+        lat = p["config"]["latency_s"]
+        check(lat > 0 and p["delay_added_s"] >= 0.99 * lat * p["requests"], "proxy delay not per request: %s" % p)
+
+if fail:
+    print("\n".join("not ok - " + f for f in fail))
+    sys.exit(1)
+print("ok - %d pgbench runs, %d fio jobs, %d charts, report.html, CSVs, table for %s" % (
+    len(res["pgbench"]), len(res["fio"]), len(charts), ", ".join(targets)))
+PY
+}
+
+run_bench() { # run_bench NAME TARGETS [BENCH_RUN_ARG...]
+    local name=$1 targets=$2 rc=0
+    shift 2
+    local results=$TEST_DIR/$name
+    log "bench/run --tiny --targets $targets $*"
+    timeout --kill-after=20 "$BENCH_TIMEOUT_S" "$REPO_ROOT/bench/run" --tiny --targets "$targets" \
+        --results "$results" "$@" >"$TEST_DIR/$name.out" 2>&1 || rc=$?
+    if ((rc == 77)); then
+        tail -n 5 "$TEST_DIR/$name.out" >&2
+        skip "bench/run skipped (a tool is missing)"
+    fi
+    if ((rc != 0)); then
+        tail -n 60 "$TEST_DIR/$name.out" >&2
+        die "bench/run --tiny ($targets) exited $rc"
+    fi
+    grep -q '^\[ *[0-9]*/[0-9]* [0-9:]* elapsed, ~[0-9:]* left\]' "$TEST_DIR/$name.out" ||
+        die "bench/run printed no progress lines"
+    sed -n '/^== pgbench/,$p' "$TEST_DIR/$name.out" | head -n 40 >&2
+    check_outputs "$results" ${targets//,/ } || die "bench/run --tiny ($targets): outputs incomplete"
+    "$REPO_ROOT/bench/compare" "$results" "$results" >"$TEST_DIR/$name.compare" ||
+        die "bench/compare failed"
+    grep -q 'new/old' "$TEST_DIR/$name.compare" || die "bench/compare printed no comparison"
+    for t in ${targets//,/ }; do
+        grep -q -- "$t" "$TEST_DIR/$name.compare" || die "bench/compare lacks target $t"
+    done
+    log "ok - $name: outputs complete, bench/compare works"
+}
+
+for backend in $BUCKETFS_TEST_BACKENDS; do
+    case $backend in
+    file)
+        proxy_selftest
+        run_bench tiny-file local,bucketfs-file,bucketfs-s3-lat --latency 10ms --bandwidth 50MB/s
+        ;;
+    s3)
+        run_bench tiny-s3 local,bucketfs-s3,peer \
+            --peer-nbd 'nbdkit --foreground -p {port} -i 127.0.0.1 memory {size}' --peer-name nbdkit-peer
+        ;;
+    *) die "unknown backend '$backend'" ;;
+    esac
+done
+log "PASS"
