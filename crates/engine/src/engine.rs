@@ -211,11 +211,21 @@ struct Sealed {
     ops: Arc<Vec<MetaOp>>,
     /// The write generation that is durable once this object is.
     gen: u64,
+    upload: UploadState,
+}
+
+#[derive(Clone, PartialEq, Eq)]
+enum UploadState {
+    Waiting,
+    InFlight,
+    Stored,
+    Failed(String),
 }
 
 /// Flushes run in two stages so that sealing one batch overlaps with uploading the previous
 /// one: stage one (under `seal`) freezes the pending batch, seals it and queues it; stage two
-/// (under `upload`) uploads queued objects strictly in order and commits each.
+/// (under `upload`) uploads up to UPLOADS_IN_FLIGHT_MAX queued objects at once and commits
+/// them strictly in sequence order as they are stored.
 struct SealCtl {
     next_seq: u64,
 }
@@ -270,6 +280,8 @@ struct Inner {
     upload_failing: AtomicBool,
     /// Wakes writers waiting for room when an upload commits.
     committed_notify: tokio::sync::Notify,
+    /// Wakes flushes waiting for an upload to finish (stored or failed).
+    stored_notify: tokio::sync::Notify,
     counters: Counters,
 }
 
@@ -383,13 +395,31 @@ impl Engine {
             .into_iter()
             .filter(|(s, _)| *s > checkpoint_seq)
             .collect();
-        for (i, (seq, _)) in to_replay.iter().enumerate() {
-            if *seq != checkpoint_seq + 1 + i as u64 {
+        // Up to UPLOADS_IN_FLIGHT_MAX objects are uploaded at once but committed in order, so a
+        // crash can leave a few stored objects after a missing one. None of them was ever
+        // acknowledged; they are dropped. A longer run after a gap means acknowledged data is
+        // gone: refuse to guess.
+        let mut to_replay = to_replay;
+        let mut known_logs = known_logs;
+        if let Some(gap) = to_replay
+            .iter()
+            .enumerate()
+            .position(|(i, (seq, _))| *seq != checkpoint_seq + 1 + i as u64)
+        {
+            let orphans = to_replay.split_off(gap);
+            if orphans.len() > UPLOADS_IN_FLIGHT_MAX {
                 return Err(EngineError::Corrupt(format!(
-                    "log object {} is missing (found {} after checkpoint {checkpoint_seq}); the bucket is damaged",
-                    logobj::log_key(checkpoint_seq + 1 + i as u64),
-                    logobj::log_key(*seq)
+                    "log object {} is missing but {} later ones exist; the bucket is damaged",
+                    logobj::log_key(checkpoint_seq + 1 + gap as u64),
+                    orphans.len()
                 )));
+            }
+            for (seq, _) in &orphans {
+                tracing::warn!(object = %logobj::log_key(*seq), "dropping a log object stored after a crash but never committed");
+                known_logs.remove(seq);
+                if !opts.read_only {
+                    bucket.delete(&logobj::log_key(*seq)).await?;
+                }
             }
         }
         let sealer = Arc::new(sealer);
@@ -477,6 +507,7 @@ impl Engine {
                 background_flush: AtomicBool::new(false),
                 upload_failing: AtomicBool::new(false),
                 committed_notify: tokio::sync::Notify::new(),
+                stored_notify: tokio::sync::Notify::new(),
                 queue: Mutex::new(VecDeque::new()),
                 counters: Counters::default(),
             }),
@@ -1010,6 +1041,7 @@ impl Engine {
             "sealed"
         );
         self.inner.queue.lock().push_back(Sealed {
+            upload: UploadState::Waiting,
             seq,
             object: Bytes::from(object),
             ops: Arc::new(ops),
@@ -1020,29 +1052,100 @@ impl Engine {
 
     /// Stage two: upload and commit queued objects in order until `target` is durable.
     async fn upload_queued(&self, target: u64) -> Result<(), EngineError> {
-        let mut ctl = self.inner.upload.lock().await;
-        while self.inner.durable_gen.load(Ordering::Acquire) < target {
-            let Some(sealed) = self.inner.queue.lock().front().cloned() else {
+        loop {
+            if self.inner.durable_gen.load(Ordering::Acquire) >= target {
                 return Ok(());
-            };
-            let started = std::time::Instant::now();
-            if let Err(e) = self.upload(sealed.seq, sealed.object.clone()).await {
-                tracing::error!(seq = sealed.seq, error = %e, "upload failed; the sealed object stays queued and is uploaded again by the next flush");
-                self.inner.upload_failing.store(true, Ordering::Release);
-                return Err(e);
             }
-            self.inner.upload_failing.store(false, Ordering::Release);
-            tracing::debug!(
-                seq = sealed.seq,
-                upload_us = started.elapsed().as_micros() as u64,
-                "uploaded"
-            );
-            // Commit before dequeuing: whoever finds the queue empty may rely on it being durable.
-            self.commit(&mut ctl, &sealed);
-            self.inner.queue.lock().pop_front();
-            self.inner.committed_notify.notify_waiters();
+            let stored = self.inner.stored_notify.notified();
+            tokio::pin!(stored);
+            stored.as_mut().enable();
+            self.start_uploads();
+            {
+                let mut ctl = self.inner.upload.lock().await;
+                loop {
+                    let front = self
+                        .inner
+                        .queue
+                        .lock()
+                        .front()
+                        .map(|s| (s.upload.clone(), s.seq));
+                    match front {
+                        Some((UploadState::Stored, _)) => {
+                            let sealed = self
+                                .inner
+                                .queue
+                                .lock()
+                                .front()
+                                .cloned()
+                                .expect("the front was just seen");
+                            // Commit before dequeuing: whoever finds the queue empty may rely on
+                            // it being durable.
+                            self.commit(&mut ctl, &sealed);
+                            self.inner.queue.lock().pop_front();
+                            self.inner.committed_notify.notify_waiters();
+                        }
+                        Some((UploadState::Failed(why), seq)) => {
+                            // Retried, byte for byte, by the next flush.
+                            if let Some(f) = self.inner.queue.lock().front_mut() {
+                                f.upload = UploadState::Waiting;
+                            }
+                            self.inner.upload_failing.store(true, Ordering::Release);
+                            tracing::error!(seq, error = %why, "upload failed; the sealed object stays queued and is uploaded again by the next flush");
+                            return Err(EngineError::Store(StoreError::Transient(why)));
+                        }
+                        Some(_) => break,
+                        None => return Ok(()),
+                    }
+                }
+            }
+            if self.inner.durable_gen.load(Ordering::Acquire) >= target {
+                return Ok(());
+            }
+            if let Some(why) = &*self.inner.poisoned.lock() {
+                return Err(EngineError::Poisoned(why.clone()));
+            }
+            stored.await;
         }
-        Ok(())
+    }
+
+    /// Starts the uploads of queued objects, at most UPLOADS_IN_FLIGHT_MAX at a time.
+    fn start_uploads(&self) {
+        let mut queue = self.inner.queue.lock();
+        let mut in_flight = queue
+            .iter()
+            .filter(|s| s.upload == UploadState::InFlight)
+            .count();
+        for sealed in queue.iter_mut().take(UPLOADS_IN_FLIGHT_MAX) {
+            if in_flight >= UPLOADS_IN_FLIGHT_MAX {
+                break;
+            }
+            if sealed.upload != UploadState::Waiting {
+                continue;
+            }
+            sealed.upload = UploadState::InFlight;
+            in_flight += 1;
+            let (engine, seq, object) = (self.clone(), sealed.seq, sealed.object.clone());
+            tokio::spawn(async move {
+                let started = std::time::Instant::now();
+                let result = engine.upload(seq, object).await;
+                tracing::debug!(
+                    seq,
+                    upload_us = started.elapsed().as_micros() as u64,
+                    ok = result.is_ok(),
+                    "uploaded"
+                );
+                if result.is_ok() {
+                    engine.inner.upload_failing.store(false, Ordering::Release);
+                }
+                if let Some(s) = engine.inner.queue.lock().iter_mut().find(|s| s.seq == seq) {
+                    s.upload = match result {
+                        Ok(()) => UploadState::Stored,
+                        Err(e) => UploadState::Failed(e.to_string()),
+                    };
+                }
+                engine.inner.stored_notify.notify_waiters();
+            });
+        }
     }
 
     async fn upload(&self, seq: u64, object: Bytes) -> Result<(), EngineError> {

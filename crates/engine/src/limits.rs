@@ -16,6 +16,11 @@ pub const DIRTY_BYTES_MAX: usize = 64 * 1024 * 1024;
 /// and uploading overlap with writers filling the next batch.
 pub const DIRTY_BYTES_FLUSH_START: usize = DIRTY_BYTES_MAX / 4;
 
+/// Log objects uploaded at once. They commit strictly in order, so after a crash the bucket may
+/// hold up to this many uncommitted objects after a gap; opening deletes them (they were never
+/// acknowledged). Concurrency hides the object store's latency from back-to-back fsyncs.
+pub const UPLOADS_IN_FLIGHT_MAX: usize = 4;
+
 /// Flushes of at most this many extents are sealed on the calling task rather than on a
 /// blocking thread (about 10 microseconds per extent, below the cost of the thread hop).
 pub const INLINE_SEAL_EXTENTS_MAX: usize = 16;

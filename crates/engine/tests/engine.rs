@@ -409,3 +409,59 @@ async fn concurrent_writers_and_flushes_agree_with_what_reopens() {
     let e = open(&w).await;
     assert_eq!(e.read(1, 0, size).await.unwrap(), expect);
 }
+
+/// Uploads run concurrently and commit in order: a crash may leave stored objects after a missing
+/// one. Opening drops them (never acknowledged); a longer run after a gap is damage, refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn objects_stored_after_a_gap_are_dropped_at_open_and_a_long_run_is_refused() {
+    let w = world();
+    let e = open(&w).await;
+    let a = pattern(3, 20_000);
+    e.write(1, 0, a.len() as u64, Fill::Data(&a)).await.unwrap();
+    e.flush().await.unwrap();
+    let logs = w.bucket.list("log/").await.unwrap();
+    let last: u64 = logs.last().unwrap().key["log/".len()..].parse().unwrap();
+    let some_object = w.bucket.get(&logs.last().unwrap().key).await.unwrap();
+    drop(e);
+    // The object after `last` never arrived; the one after it did.
+    let orphan = format!("log/{:020}", last + 2);
+    w.bucket
+        .put(&orphan, some_object.clone(), PutMode::Create)
+        .await
+        .unwrap();
+    let e = open(&w).await;
+    assert_eq!(e.read(1, 0, a.len()).await.unwrap(), a);
+    assert!(
+        w.bucket.get(&orphan).await.is_err(),
+        "the orphan was deleted"
+    );
+    let b = pattern(4, 10_000);
+    e.write(1, 0, b.len() as u64, Fill::Data(&b)).await.unwrap();
+    e.flush().await.unwrap();
+    e.write(1, 50_000, b.len() as u64, Fill::Data(&b))
+        .await
+        .unwrap();
+    e.flush().await.unwrap();
+    drop(e);
+    let e = open(&w).await;
+    assert_eq!(e.read(1, 0, b.len()).await.unwrap(), b);
+    drop(e);
+    // More stored objects after a gap than can ever be in flight: acknowledged data is missing.
+    let logs = w.bucket.list("log/").await.unwrap();
+    let last: u64 = logs.last().unwrap().key["log/".len()..].parse().unwrap();
+    for i in 0..(bucketfs_engine::limits::UPLOADS_IN_FLIGHT_MAX as u64 + 1) {
+        w.bucket
+            .put(
+                &format!("log/{:020}", last + 2 + i),
+                some_object.clone(),
+                PutMode::Create,
+            )
+            .await
+            .unwrap();
+    }
+    let err = Engine::open(w.bucket.clone(), EngineOptions::for_tests("pw"))
+        .await
+        .err()
+        .unwrap();
+    assert!(matches!(err, EngineError::Corrupt(_)), "{err}");
+}
