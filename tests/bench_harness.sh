@@ -252,6 +252,7 @@ run_bench() { # run_bench NAME TARGETS [BENCH_RUN_ARG...]
     grep -q '^\[ *[0-9]*/[0-9]* [0-9:]* elapsed, ~[0-9:]* left\]' "$TEST_DIR/$name.out" ||
         die "bench/run printed no progress lines"
     sed -n '/^== pgbench/,$p' "$TEST_DIR/$name.out" | head -n 40 >&2
+    # shellcheck disable=SC2086 # one argument per target
     check_outputs "$results" ${targets//,/ } || die "bench/run --tiny ($targets): outputs incomplete"
     "$REPO_ROOT/bench/compare" "$results" "$results" >"$TEST_DIR/$name.compare" ||
         die "bench/compare failed"
