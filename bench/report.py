@@ -441,7 +441,9 @@ def conditions_text(res):
     la = c.get("loadavg_1m") or {}
     parts = ["%s, suite %s" % (s.get("date_utc", "?"), s.get("suite", "?")),
              "%s cores, %s GiB, %s, kernel %s" % (m.get("cpus"), m.get("memory_gib"), m.get("os"), m.get("kernel")),
-             "load average (1 min) during the run: min %s, mean %s, max %s" % (la.get("min"), la.get("mean"), la.get("max"))]
+             "load average (1 min): %s at the start; during the run (its own processes included) "
+             "min %s, mean %s, max %s" % ((m.get("loadavg_at_start") or ["?"])[0], la.get("min"), la.get("mean"),
+                                          la.get("max"))]
     link = s.get("s3_link") or {}
     if "bucketfs-s3-lat" in res["targets"]:
         parts.append("bucketfs-s3-lat: %s per request, %s each way (bench/s3proxy.py)" % (
