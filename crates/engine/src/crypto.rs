@@ -178,23 +178,41 @@ impl Sealer {
         }
     }
 
-    /// Appends `nonce || ciphertext || tag`, encrypting in place in `out` (no temporary copy:
-    /// this runs over every byte written).
-    pub fn seal_into(&self, out: &mut Vec<u8>, aad: &[u8], plaintext: &[u8]) {
-        let nonce = random::<NONCE_BYTES>();
-        out.extend_from_slice(&nonce);
-        let start = out.len();
-        out.extend_from_slice(plaintext);
+    /// Bytes `seal_to_slice` writes for a plaintext of `plain_len` bytes.
+    pub const fn sealed_len(plain_len: usize) -> usize {
+        NONCE_BYTES + plain_len + TAG_BYTES
+    }
+
+    /// Writes `nonce || ciphertext || tag` at the start of `out` and returns its length,
+    /// encrypting in place (no temporary copy: this runs over every byte written).
+    pub fn seal_to_slice(&self, out: &mut [u8], aad: &[u8], plaintext: &[u8]) -> usize {
+        let len = Self::sealed_len(plaintext.len());
+        assert!(
+            out.len() >= len,
+            "the caller sizes the output for the sealed bytes"
+        );
+        let (nonce, rest) = out.split_at_mut(NONCE_BYTES);
+        nonce.copy_from_slice(&random::<NONCE_BYTES>());
+        let (body, rest) = rest.split_at_mut(plaintext.len());
+        body.copy_from_slice(plaintext);
         let tag = self
             .cipher
-            .encrypt_in_place_detached(XNonce::from_slice(&nonce), aad, &mut out[start..])
+            .encrypt_in_place_detached(XNonce::from_slice(nonce), aad, body)
             .expect("XChaCha20-Poly1305 encryption cannot fail for inputs below 256 GiB");
-        out.extend_from_slice(&tag);
+        rest[..TAG_BYTES].copy_from_slice(&tag);
+        len
+    }
+
+    /// Appends `nonce || ciphertext || tag` to `out`.
+    pub fn seal_into(&self, out: &mut Vec<u8>, aad: &[u8], plaintext: &[u8]) {
+        let start = out.len();
+        out.resize(start + Self::sealed_len(plaintext.len()), 0);
+        self.seal_to_slice(&mut out[start..], aad, plaintext);
     }
 
     #[cfg(test)]
     pub fn seal(&self, aad: &[u8], plaintext: &[u8]) -> Vec<u8> {
-        let mut out = Vec::with_capacity(NONCE_BYTES + plaintext.len() + TAG_BYTES);
+        let mut out = Vec::with_capacity(Self::sealed_len(plaintext.len()));
         self.seal_into(&mut out, aad, plaintext);
         out
     }

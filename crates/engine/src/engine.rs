@@ -10,11 +10,12 @@
 use crate::bucket::{PutMode, SharedBucket, StoreError};
 use crate::cache::DiskCache;
 use crate::crypto::{KeyError, Sealer, Superblock};
-use crate::frame::{self, Codec};
+use crate::frame::{self, Codec, FRAME_BYTES_MAX};
 use crate::lease::{self, LeaseError, LockHolder};
 use crate::limits::*;
-use crate::logobj::{self, ObjectError};
+use crate::logobj::{self, ObjectError, LOG_HEADER_BYTES};
 use crate::meta::{ExtentPtr, MetaOp, MetaState};
+use crate::object_buffer::{ObjectBuffer, ObjectBuffers};
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use parking_lot::Mutex;
@@ -275,6 +276,7 @@ struct Inner {
     disk_cache: Option<DiskCache>,
     lock_holder: Option<LockHolder>,
     checkpoint_running: AtomicBool,
+    object_buffers: Arc<ObjectBuffers>,
     background_flush: AtomicBool,
     /// The last upload failed (its object is still queued).
     upload_failing: AtomicBool,
@@ -504,6 +506,7 @@ impl Engine {
                 disk_cache,
                 lock_holder,
                 checkpoint_running: AtomicBool::new(false),
+                object_buffers: Arc::default(),
                 background_flush: AtomicBool::new(false),
                 upload_failing: AtomicBool::new(false),
                 committed_notify: tokio::sync::Notify::new(),
@@ -560,6 +563,10 @@ impl Engine {
     /// while there is more than DIRTY_BYTES_MAX.
     async fn make_room(&self) -> Result<(), EngineError> {
         loop {
+            // Registered before looking, so that a commit in between is not missed.
+            let committed = self.inner.committed_notify.notified();
+            tokio::pin!(committed);
+            committed.as_mut().enable();
             let (pending, unflushed) = {
                 let st = self.inner.state.lock();
                 (st.pending.data_bytes(), st.unflushed_bytes())
@@ -577,11 +584,7 @@ impl Engine {
                 continue;
             }
             // Wait for an upload to commit (or a moment, in case a kick was missed).
-            let _ = tokio::time::timeout(
-                Duration::from_millis(50),
-                self.inner.committed_notify.notified(),
-            )
-            .await;
+            let _ = tokio::time::timeout(Duration::from_millis(50), committed).await;
         }
     }
 
@@ -625,6 +628,21 @@ impl Engine {
         self.make_room().await?;
         let first = offset / EXTENT_SIZE_BYTES_U64;
         let last = (offset + length - 1) / EXTENT_SIZE_BYTES_U64;
+        // Whole extents of new data are copied out before the state lock is taken: copying (and,
+        // in fresh memory, faulting in) a large write's pages under the lock stalled every other
+        // request (perf, 1 MiB sequential writes).
+        let mut whole_extents = match fill {
+            Fill::Data(d) => (first..=last)
+                .filter_map(|index| {
+                    let (start, end) = extent_span(index, offset, length);
+                    let at = (index * EXTENT_SIZE_BYTES_U64 - offset) as usize;
+                    (start == 0 && end == EXTENT_SIZE_BYTES)
+                        .then(|| Arc::new(d[at..at + EXTENT_SIZE_BYTES].to_vec()))
+                })
+                .collect(),
+            Fill::Zeroes { .. } => Vec::new(),
+        }
+        .into_iter();
         loop {
             // Partial extents need their current content first; fetch those that are neither in
             // memory nor holes, outside the lock, then try again.
@@ -643,7 +661,7 @@ impl Engine {
                     }
                 }
                 if missing.is_empty() {
-                    self.apply_write(&mut st, ino, offset, length, first, last, fill);
+                    self.apply_write(&mut st, ino, offset, length, fill, &mut whole_extents);
                     st.write_gen += 1;
                     return Ok(());
                 }
@@ -659,17 +677,19 @@ impl Engine {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// Applies a write to the pending batch; `whole_extents` holds the copies of the whole
+    /// extents of `Fill::Data`, in order.
     fn apply_write(
         &self,
         st: &mut State,
         ino: u64,
         offset: u64,
         length: u64,
-        first: u64,
-        last: u64,
         fill: Fill<'_>,
+        whole_extents: &mut impl Iterator<Item = Arc<Vec<u8>>>,
     ) {
+        let first = offset / EXTENT_SIZE_BYTES_U64;
+        let last = (offset + length - 1) / EXTENT_SIZE_BYTES_U64;
         for index in first..=last {
             let (start, end) = extent_span(index, offset, length);
             let whole = start == 0 && end == EXTENT_SIZE_BYTES;
@@ -687,11 +707,11 @@ impl Engine {
                         );
                         continue;
                     }
-                    Fill::Data(d) => {
-                        let data = d[src_at..src_at + EXTENT_SIZE_BYTES].to_vec();
-                        st.pending
-                            .extents
-                            .insert((ino, index), Dirty::Data(Arc::new(data)));
+                    Fill::Data(_) => {
+                        let data = whole_extents
+                            .next()
+                            .expect("every whole extent was copied beforehand");
+                        st.pending.extents.insert((ino, index), Dirty::Data(data));
                         continue;
                     }
                 }
@@ -714,6 +734,10 @@ impl Engine {
             }
             st.pending.extents.insert((ino, index), Dirty::Data(buf));
         }
+        assert!(
+            whole_extents.next().is_none(),
+            "no copied extent is left over"
+        );
     }
 
     pub async fn read(&self, ino: u64, offset: u64, length: usize) -> Result<Vec<u8>, EngineError> {
@@ -1035,7 +1059,7 @@ impl Engine {
         let (object, ops) = self.encode(seq, batch).await;
         tracing::debug!(
             seq,
-            bytes = object.len(),
+            bytes = object.as_ref().len(),
             extents,
             seal_us = started.elapsed().as_micros() as u64,
             "sealed"
@@ -1043,7 +1067,7 @@ impl Engine {
         self.inner.queue.lock().push_back(Sealed {
             upload: UploadState::Waiting,
             seq,
-            object: Bytes::from(object),
+            object: object.into_bytes(),
             ops: Arc::new(ops),
             gen,
         });
@@ -1181,7 +1205,7 @@ impl Engine {
     }
 
     /// Seals the batch's extents (on blocking threads, in parallel) into a log object.
-    async fn encode(&self, seq: u64, batch: Arc<Batch>) -> (Vec<u8>, Vec<MetaOp>) {
+    async fn encode(&self, seq: u64, batch: Arc<Batch>) -> (ObjectBuffer, Vec<MetaOp>) {
         // The fsync-heavy case (a few extents per flush) takes tens of microseconds to seal:
         // less than the hop to a blocking thread, which sits on the critical path of an fsync.
         if batch.extents.len() <= INLINE_SEAL_EXTENTS_MAX {
@@ -1193,7 +1217,7 @@ impl Engine {
             .expect("encoding does not panic")
     }
 
-    fn encode_blocking(&self, seq: u64, batch: &Batch) -> (Vec<u8>, Vec<MetaOp>) {
+    fn encode_blocking(&self, seq: u64, batch: &Batch) -> (ObjectBuffer, Vec<MetaOp>) {
         let mut ops: Vec<MetaOp> = batch
             .kv
             .iter()
@@ -1220,23 +1244,37 @@ impl Engine {
         let chunk = data.len().div_ceil(threads).max(1);
         let sealer = &self.inner.sealer;
         let codec = self.inner.codec;
-        let seal_part = move |part: &[(u64, u64, &Arc<Vec<u8>>)]| {
-            let mut buf = Vec::with_capacity(part.len() * EXTENT_SIZE_BYTES / 2);
-            let mut lens = Vec::with_capacity(part.len());
-            for (ino, index, plain) in part {
-                let n = frame::encode(&mut buf, sealer, codec, *ino, *index, plain);
-                lens.push((*ino, *index, n));
-            }
-            (buf, lens)
+        // Each part is sealed into its own stretch of the object buffer, sized for frames that
+        // do not compress; the parts are then moved together.
+        let stretch = chunk * FRAME_BYTES_MAX;
+        let mut object = self
+            .inner
+            .object_buffers
+            .take(LOG_HEADER_BYTES + data.len() * FRAME_BYTES_MAX);
+        let room = object.room();
+        room[..LOG_HEADER_BYTES].copy_from_slice(&logobj::log_header(seq));
+        let seal_part = move |out: &mut [u8], part: &[(u64, u64, &Arc<Vec<u8>>)]| {
+            let mut at = 0;
+            part.iter()
+                .map(|(ino, index, plain)| {
+                    let n = frame::encode(&mut out[at..], sealer, codec, *ino, *index, plain);
+                    at += n;
+                    n
+                })
+                .collect::<Vec<usize>>()
         };
+        let stretches = room[LOG_HEADER_BYTES..].chunks_mut(stretch);
         // Small batches (the fsync-heavy case) are sealed right here: a thread costs more.
-        let parts: Vec<SealedPart> = if threads == 1 {
-            vec![seal_part(&data)]
+        let lens: Vec<Vec<usize>> = if threads == 1 {
+            stretches
+                .zip(data.chunks(chunk))
+                .map(|(out, part)| seal_part(out, part))
+                .collect()
         } else {
             std::thread::scope(|s| {
-                let handles: Vec<_> = data
-                    .chunks(chunk)
-                    .map(|part| s.spawn(move || seal_part(part)))
+                let handles: Vec<_> = stretches
+                    .zip(data.chunks(chunk))
+                    .map(|(out, part)| s.spawn(move || seal_part(out, part)))
                     .collect();
                 handles
                     .into_iter()
@@ -1244,22 +1282,31 @@ impl Engine {
                     .collect()
             })
         };
-        let total: usize = parts.iter().map(|(b, _)| b.len()).sum();
-        let mut object = logobj::begin_log(seq, total + 4096);
-        for (buf, lens) in parts {
-            let mut at = object.len();
-            object.extend_from_slice(&buf);
-            for (ino, index, n) in lens {
+        let mut at = LOG_HEADER_BYTES;
+        for (i, (part_lens, part)) in lens.iter().zip(data.chunks(chunk)).enumerate() {
+            let from = LOG_HEADER_BYTES + i * stretch;
+            let used: usize = part_lens.iter().sum();
+            if from != at {
+                room.copy_within(from..from + used, at);
+            }
+            for (&n, (ino, index, _)) in part_lens.iter().zip(part) {
                 let ptr = ExtentPtr {
                     seq,
                     offset: u32::try_from(at).expect("log objects stay below 4 GiB"),
                     length: n as u32,
                 };
-                ops.push(MetaOp::ExtentSet { ino, index, ptr });
+                ops.push(MetaOp::ExtentSet {
+                    ino: *ino,
+                    index: *index,
+                    ptr,
+                });
                 at += n;
             }
         }
-        logobj::finish_log(&mut object, sealer, seq, &ops);
+        let tail = logobj::log_tail(sealer, seq, &ops, at);
+        object.reserve(at + tail.len());
+        object.room()[at..at + tail.len()].copy_from_slice(&tail);
+        object.set_len(at + tail.len());
         (object, ops)
     }
 
@@ -1442,7 +1489,6 @@ fn cpu_count() -> usize {
 }
 
 /// Frames sealed by one thread, with (ino, index, frame length) of each.
-type SealedPart = (Vec<u8>, Vec<(u64, u64, usize)>);
 
 /// The part of extent `index` that `offset..offset+length` covers, as a byte range in the extent.
 fn extent_span(index: u64, offset: u64, length: u64) -> (usize, usize) {

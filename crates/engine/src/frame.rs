@@ -71,8 +71,13 @@ fn looks_incompressible(plain: &[u8]) -> bool {
 }
 
 /// Appends the frame of one extent to `out`; returns the frame's length.
+/// The most bytes one frame takes: codec byte, nonce, the extent stored raw, tag.
+pub const FRAME_BYTES_MAX: usize = 1 + Sealer::sealed_len(EXTENT_SIZE_BYTES);
+
+/// Writes the frame of one extent at the start of `out` (at least FRAME_BYTES_MAX long) and
+/// returns its length.
 pub fn encode(
-    out: &mut Vec<u8>,
+    out: &mut [u8],
     sealer: &Sealer,
     codec: Codec,
     ino: u64,
@@ -90,15 +95,12 @@ pub fn encode(
         Codec::Zstd => ZSTD.with(|z| z.borrow_mut().0.compress(plain).ok()),
         Codec::Lz4 => Some(lz4_flex::compress(plain)),
     };
-    // Incompressible data is stored as is: never pay for a larger frame.
     let (codec, body) = match &compressed {
         Some(c) if c.len() < plain.len() => (codec, c.as_slice()),
         _ => (Codec::None, plain),
     };
-    let start = out.len();
-    out.push(codec as u8);
-    sealer.seal_into(out, &aad(ino, index, codec as u8), body);
-    out.len() - start
+    out[0] = codec as u8;
+    1 + sealer.seal_to_slice(&mut out[1..], &aad(ino, index, codec as u8), body)
 }
 
 pub fn decode(sealer: &Sealer, ino: u64, index: u64, frame: &[u8]) -> Result<Vec<u8>, FrameError> {
@@ -140,9 +142,13 @@ mod tests {
         let mut plain = vec![0u8; EXTENT_SIZE_BYTES];
         plain[100..200].fill(0x5a);
         for codec in [Codec::None, Codec::Zstd, Codec::Lz4] {
-            let mut out = Vec::new();
+            let mut out = vec![0u8; FRAME_BYTES_MAX];
             let n = encode(&mut out, &sealer, codec, 7, 3, &plain);
-            assert_eq!(n, out.len());
+            out.truncate(n);
+            assert!(
+                codec == Codec::None || n < EXTENT_SIZE_BYTES / 2,
+                "compressible"
+            );
             assert_eq!(decode(&sealer, 7, 3, &out).unwrap(), plain);
             assert_eq!(
                 decode(&sealer, 7, 4, &out),
@@ -156,8 +162,10 @@ mod tests {
         let random: Vec<u8> = (0..EXTENT_SIZE_BYTES)
             .map(|i| (i * 7919 % 251) as u8 ^ (i >> 8) as u8)
             .collect();
-        let mut out = Vec::new();
-        encode(&mut out, &sealer, Codec::Zstd, 1, 1, &random);
+        let mut out = vec![0u8; FRAME_BYTES_MAX];
+        let n = encode(&mut out, &sealer, Codec::Zstd, 1, 1, &random);
+        assert!(n <= FRAME_BYTES_MAX);
+        out.truncate(n);
         assert_eq!(decode(&sealer, 1, 1, &out).unwrap(), random);
     }
 }

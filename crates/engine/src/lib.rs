@@ -12,6 +12,7 @@ mod lease;
 pub mod limits;
 mod logobj;
 mod meta;
+mod object_buffer;
 
 pub use crypto::KeyError;
 pub use engine::{

@@ -21,6 +21,11 @@ pub const DIRTY_BYTES_FLUSH_START: usize = DIRTY_BYTES_MAX / 4;
 /// acknowledged). Concurrency hides the object store's latency from back-to-back fsyncs.
 pub const UPLOADS_IN_FLIGHT_MAX: usize = 4;
 
+/// Log-object buffers kept for reuse (object_buffer.rs): one per upload in flight, one being
+/// sealed and one queued. Each is as large as the largest object it held (at most about
+/// DIRTY_BYTES_MAX), so this bounds the memory kept idle.
+pub const OBJECT_BUFFERS_KEPT: usize = UPLOADS_IN_FLIGHT_MAX + 2;
+
 /// Flushes of at most this many extents are sealed on the calling task rather than on a
 /// blocking thread (about 10 microseconds per extent, below the cost of the thread hop).
 pub const INLINE_SEAL_EXTENTS_MAX: usize = 16;

@@ -48,24 +48,26 @@ fn meta_aad(kind: &[u8], seq: u64) -> Vec<u8> {
     a
 }
 
-/// Starts a log object: frames are appended after the header by the caller.
-pub fn begin_log(seq: u64, capacity: usize) -> Vec<u8> {
-    let mut buf = Vec::with_capacity(capacity);
-    buf.extend_from_slice(LOG_MAGIC);
-    buf.extend_from_slice(&seq.to_le_bytes());
-    buf
+/// The start of a log object; the frames follow it.
+pub fn log_header(seq: u64) -> [u8; LOG_HEADER_BYTES] {
+    let mut h = [0u8; LOG_HEADER_BYTES];
+    h[..8].copy_from_slice(LOG_MAGIC);
+    h[8..].copy_from_slice(&seq.to_le_bytes());
+    h
 }
 
-/// Appends the sealed metadata record and the trailer.
-pub fn finish_log(buf: &mut Vec<u8>, sealer: &Sealer, seq: u64, ops: &[MetaOp]) {
+/// The end of a log object whose frames end at `meta_offset`: the sealed metadata record and
+/// the trailer that points at it.
+pub fn log_tail(sealer: &Sealer, seq: u64, ops: &[MetaOp], meta_offset: usize) -> Vec<u8> {
     let mut plain = Vec::new();
     encode_ops(ops, &mut plain);
-    let meta_offset = buf.len() as u64;
-    sealer.seal_into(buf, &meta_aad(b"bfs-log-meta", seq), &plain);
-    let meta_len = buf.len() as u64 - meta_offset;
-    buf.extend_from_slice(&meta_offset.to_le_bytes());
-    buf.extend_from_slice(&meta_len.to_le_bytes());
-    buf.extend_from_slice(LOG_END_MAGIC);
+    let mut tail = Vec::with_capacity(Sealer::sealed_len(plain.len()) + LOG_TRAILER_BYTES as usize);
+    sealer.seal_into(&mut tail, &meta_aad(b"bfs-log-meta", seq), &plain);
+    let meta_len = tail.len() as u64;
+    tail.extend_from_slice(&(meta_offset as u64).to_le_bytes());
+    tail.extend_from_slice(&meta_len.to_le_bytes());
+    tail.extend_from_slice(LOG_END_MAGIC);
+    tail
 }
 
 /// Where the metadata record is, from the trailer (the last LOG_TRAILER_BYTES of the object).

@@ -5,16 +5,20 @@
 //! the CPU in context switches). Here ranged reads are `pread`s on cached file handles, done in
 //! place (objects are immutable and page-cached), while writes, which fsync, run on blocking
 //! threads. Every PUT is durable when it returns: the file and its directory are fsynced.
+//! Large objects are written with direct I/O: copying them into the page cache cost more CPU
+//! than sealing them (perf, 1 MiB sequential NBD writes: 37 % of the server's CPU), and the
+//! engine's own cache, not the kernel's, keeps what is worth keeping.
 
 use super::{Bucket, ObjectInfo, PutMode, StoreError};
 use async_trait::async_trait;
 use bytes::Bytes;
 use parking_lot::Mutex;
+use std::cell::RefCell;
 use std::collections::HashMap;
-use std::fs::File;
+use std::fs::{File, OpenOptions};
 use std::io::{ErrorKind, Write};
 use std::ops::Range;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -23,6 +27,15 @@ use std::sync::Arc;
 const OPEN_FILES_MAX: usize = 512;
 /// PUTs up to this size run on the calling task (see `put`).
 const INLINE_PUT_BYTES_MAX: usize = 256 * 1024;
+/// Objects at least this large are written with direct I/O (see the module comment); smaller
+/// ones (fsync-driven flushes) gain nothing from it.
+const DIRECT_WRITE_BYTES_MIN: usize = 1024 * 1024;
+/// Direct writes are issued in pieces of this size, through an aligned bounce buffer where the
+/// object's memory is not aligned.
+const DIRECT_WRITE_CHUNK_BYTES: usize = 1024 * 1024;
+/// Buffer address, length and file offset alignment that direct I/O asks for.
+const DIRECT_ALIGN_BYTES: usize = 4096;
+const _: () = assert!(DIRECT_WRITE_CHUNK_BYTES.is_multiple_of(DIRECT_ALIGN_BYTES));
 /// Staging files live here until they are linked into place; never listed.
 const STAGING_DIR: &str = ".staging";
 
@@ -106,8 +119,7 @@ fn put_file(
     std::fs::create_dir_all(parent)?;
     let staging = root.join(STAGING_DIR).join(staging_name);
     let result = (|| {
-        let mut f = File::create(&staging)?;
-        f.write_all(data)?;
+        let f = write_new_file(&staging, data)?;
         f.sync_all()?;
         match mode {
             // A hard link fails if the name exists: an atomic create-only publish.
@@ -118,6 +130,63 @@ fn put_file(
     })();
     let _ = std::fs::remove_file(&staging);
     result
+}
+
+/// Creates (or truncates) `path` holding `data`, not yet synced.
+fn write_new_file(path: &Path, data: &[u8]) -> std::io::Result<File> {
+    let mut options = OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    if data.len() >= DIRECT_WRITE_BYTES_MIN {
+        match options.clone().custom_flags(libc::O_DIRECT).open(path) {
+            Ok(f) => {
+                write_direct(&f, data)?;
+                return Ok(f);
+            }
+            // A file system without direct I/O (tmpfs): write through the page cache.
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let mut f = options.open(path)?;
+    f.write_all(data)?;
+    Ok(f)
+}
+
+thread_local! {
+    /// One aligned bounce buffer per blocking thread (see write_direct).
+    static BOUNCE: RefCell<Vec<u8>> = RefCell::new(vec![0; DIRECT_WRITE_CHUNK_BYTES + DIRECT_ALIGN_BYTES]);
+}
+
+/// Writes `data` to an empty file opened with O_DIRECT. Aligned whole pieces go straight from
+/// `data`; others are copied into an aligned buffer, the last one padded with zeros, and the
+/// padding is cut off again.
+fn write_direct(file: &File, data: &[u8]) -> std::io::Result<()> {
+    BOUNCE.with(|bounce| {
+        let mut bounce = bounce.borrow_mut();
+        let skew = bounce.as_ptr().align_offset(DIRECT_ALIGN_BYTES);
+        assert!(
+            skew < DIRECT_ALIGN_BYTES,
+            "a byte pointer can always be aligned"
+        );
+        let bounce = &mut bounce[skew..skew + DIRECT_WRITE_CHUNK_BYTES];
+        for (i, piece) in data.chunks(DIRECT_WRITE_CHUNK_BYTES).enumerate() {
+            let offset = (i * DIRECT_WRITE_CHUNK_BYTES) as u64;
+            let aligned = piece.len().is_multiple_of(DIRECT_ALIGN_BYTES)
+                && piece.as_ptr().align_offset(DIRECT_ALIGN_BYTES) == 0;
+            if aligned {
+                file.write_all_at(piece, offset)?;
+                continue;
+            }
+            let padded = piece.len().next_multiple_of(DIRECT_ALIGN_BYTES);
+            bounce[..piece.len()].copy_from_slice(piece);
+            bounce[piece.len()..padded].fill(0);
+            file.write_all_at(&bounce[..padded], offset)?;
+        }
+        if !data.len().is_multiple_of(DIRECT_ALIGN_BYTES) {
+            file.set_len(data.len() as u64)?;
+        }
+        Ok(())
+    })
 }
 
 fn list_dir(root: &Path, prefix: &str) -> std::io::Result<Vec<ObjectInfo>> {
@@ -281,6 +350,37 @@ mod tests {
             b.get("../etc/passwd").await,
             Err(StoreError::Permanent(_))
         ));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn large_objects_round_trip_through_direct_writes_at_any_alignment() {
+        let dir = std::env::temp_dir().join(format!("bucketfs-direct-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let b = LocalBucket::open(&dir).unwrap();
+        let data: Vec<u8> = (0..3 * DIRECT_WRITE_CHUNK_BYTES + 5000)
+            .map(|i| (i % 251) as u8)
+            .collect();
+        let whole = Bytes::from(data);
+        // Unaligned starts and lengths, an exact multiple of the alignment, and a small object.
+        for (n, (from, to)) in [
+            (1, whole.len()),
+            (0, 2 * DIRECT_WRITE_CHUNK_BYTES),
+            (7, 4103),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let key = format!("log/{n}");
+            let object = whole.slice(from..to);
+            b.put(&key, object.clone(), PutMode::Create).await.unwrap();
+            assert_eq!(b.get(&key).await.unwrap(), object);
+            let mid = object.len() as u64 / 2;
+            assert_eq!(
+                b.get_range(&key, mid..mid + 10).await.unwrap(),
+                object.slice(mid as usize..mid as usize + 10)
+            );
+        }
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
