@@ -1488,8 +1488,6 @@ fn cpu_count() -> usize {
     })
 }
 
-/// Frames sealed by one thread, with (ino, index, frame length) of each.
-
 /// The part of extent `index` that `offset..offset+length` covers, as a byte range in the extent.
 fn extent_span(index: u64, offset: u64, length: u64) -> (usize, usize) {
     let base = index * EXTENT_SIZE_BYTES_U64;
