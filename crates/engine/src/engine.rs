@@ -240,6 +240,11 @@ struct UploadCtl {
 
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct EngineStats {
+    /// Flush barriers asked for (NBD FLUSH and FUA, admin changes, the periodic flush).
+    pub barriers: u64,
+    /// Time callers spent waiting in flush barriers, summed: divided by `barriers`, the mean
+    /// fsync latency a client sees.
+    pub barrier_wait_us: u64,
     pub flushes: u64,
     pub log_objects_written: u64,
     pub log_bytes_written: u64,
@@ -253,6 +258,8 @@ pub struct EngineStats {
 
 #[derive(Default)]
 struct Counters {
+    barriers: AtomicU64,
+    barrier_wait_us: AtomicU64,
     flushes: AtomicU64,
     log_objects_written: AtomicU64,
     log_bytes_written: AtomicU64,
@@ -1010,17 +1017,25 @@ impl Engine {
         if self.inner.read_only {
             return Ok(());
         }
+        let started = std::time::Instant::now();
         let target = self.inner.state.lock().write_gen;
-        loop {
+        let result = loop {
             if self.inner.durable_gen.load(Ordering::Acquire) >= target {
-                return Ok(());
+                break Ok(());
             }
             if let Some(why) = &*self.inner.poisoned.lock() {
-                return Err(EngineError::Poisoned(why.clone()));
+                break Err(EngineError::Poisoned(why.clone()));
             }
             self.seal_pending(target).await;
-            self.upload_queued(target).await?;
-        }
+            if let Err(e) = self.upload_queued(target).await {
+                break Err(e);
+            }
+        };
+        let c = &self.inner.counters;
+        c.barriers.fetch_add(1, Ordering::Relaxed);
+        c.barrier_wait_us
+            .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+        result
     }
 
     /// Stage one: unless a queued batch already covers `target`, freeze the pending batch, seal
@@ -1464,6 +1479,8 @@ impl Engine {
         let c = &self.inner.counters;
         let st = self.inner.state.lock();
         EngineStats {
+            barriers: c.barriers.load(Ordering::Relaxed),
+            barrier_wait_us: c.barrier_wait_us.load(Ordering::Relaxed),
             flushes: c.flushes.load(Ordering::Relaxed),
             log_objects_written: c.log_objects_written.load(Ordering::Relaxed),
             log_bytes_written: c.log_bytes_written.load(Ordering::Relaxed),
