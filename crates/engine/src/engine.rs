@@ -365,7 +365,13 @@ impl Engine {
         } else {
             Some(lease::acquire(&bucket).await?)
         };
-        let opened = Self::load(bucket.clone(), sealer, &opts, lock_holder.clone()).await;
+        let opened = async {
+            if lock_holder.is_some() {
+                bucket.begin_writing().await?;
+            }
+            Self::load(bucket.clone(), sealer, &opts, lock_holder.clone()).await
+        }
+        .await;
         if let (Err(_), Some(me)) = (&opened, &lock_holder) {
             let _ = lease::release(&bucket, me).await;
         }
@@ -1469,6 +1475,7 @@ impl Engine {
         }
         self.flush().await?;
         *self.inner.poisoned.lock() = Some("the engine is closed".into());
+        self.inner.bucket.end_writing().await?;
         if let Some(me) = &self.inner.lock_holder {
             lease::release(&self.inner.bucket, me).await?;
         }

@@ -95,4 +95,10 @@ impl Bucket for CountingBucket {
         self.counters.list.fetch_add(1, Relaxed);
         self.note(self.inner.list(prefix).await)
     }
+    async fn begin_writing(&self) -> Result<(), StoreError> {
+        self.inner.begin_writing().await
+    }
+    async fn end_writing(&self) -> Result<(), StoreError> {
+        self.inner.end_writing().await
+    }
 }

@@ -90,4 +90,10 @@ impl Bucket for FaultyBucket {
         self.check(false).await?;
         self.inner.list(prefix).await
     }
+    async fn begin_writing(&self) -> Result<(), StoreError> {
+        self.inner.begin_writing().await
+    }
+    async fn end_writing(&self) -> Result<(), StoreError> {
+        self.inner.end_writing().await
+    }
 }

@@ -9,6 +9,7 @@
 //! than sealing them (perf, 1 MiB sequential NBD writes: 37 % of the server's CPU), and the
 //! engine's own cache, not the kernel's, keeps what is worth keeping.
 
+use super::journal::{self, Journal, Ticket};
 use super::{Bucket, ObjectInfo, PutMode, StoreError};
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -21,7 +22,8 @@ use std::ops::Range;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::mpsc;
+use std::sync::{Arc, OnceLock};
 
 /// Open read handles kept; beyond this the cache is emptied (objects are many, reads cluster).
 const OPEN_FILES_MAX: usize = 512;
@@ -38,12 +40,29 @@ const DIRECT_ALIGN_BYTES: usize = 4096;
 const _: () = assert!(DIRECT_WRITE_CHUNK_BYTES.is_multiple_of(DIRECT_ALIGN_BYTES));
 /// Staging files live here until they are linked into place; never listed.
 const STAGING_DIR: &str = ".staging";
+/// How long a DELETE waits for a journaled object's file before answering a transient error.
+const JOURNALED_DELETE_WAIT_MS: u32 = 10_000;
+/// The write-ahead journal of small objects (journal.rs); never listed.
+const JOURNAL_FILE: &str = ".journal";
 
 #[derive(Debug)]
 pub struct LocalBucket {
     root: PathBuf,
     open_files: Mutex<HashMap<String, Arc<File>>>,
-    staging_counter: AtomicU64,
+    /// Set while this process is the bucket's writer (`begin_writing`).
+    journaling: OnceLock<Journaling>,
+}
+
+/// The journal of a writer, and the objects recorded in it whose files may not be durable yet
+/// (journal.rs): reads find them here until their files are.
+#[derive(Debug)]
+struct Journaling {
+    journal: Arc<Journal>,
+    direct: File,
+    pending: Arc<Mutex<HashMap<String, Bytes>>>,
+    /// To the thread that writes journaled objects as files; dropped by `end_writing`.
+    to_store: Mutex<Option<mpsc::Sender<(String, Bytes, Ticket)>>>,
+    storer: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 fn io_error(key: &str, e: std::io::Error) -> StoreError {
@@ -59,9 +78,9 @@ fn io_error(key: &str, e: std::io::Error) -> StoreError {
 fn check_key(key: &str) -> Result<(), StoreError> {
     let bad = key.is_empty()
         || key.starts_with('/')
-        || key
-            .split('/')
-            .any(|c| c.is_empty() || c == "." || c == ".." || c == STAGING_DIR);
+        || key.split('/').any(|c| {
+            c.is_empty() || c == "." || c == ".." || c == STAGING_DIR || c == JOURNAL_FILE
+        });
     if bad {
         return Err(StoreError::Permanent(format!("invalid object key `{key}`")));
     }
@@ -82,8 +101,12 @@ impl LocalBucket {
         Ok(LocalBucket {
             root,
             open_files: Mutex::default(),
-            staging_counter: AtomicU64::new(0),
+            journaling: OnceLock::new(),
         })
+    }
+
+    fn pending(&self, key: &str) -> Option<Bytes> {
+        self.journaling.get()?.pending.lock().get(key).cloned()
     }
 
     fn path(&self, key: &str) -> PathBuf {
@@ -105,19 +128,19 @@ impl LocalBucket {
 }
 
 /// Writes an object durably: staged, fsynced, published atomically, directory fsynced.
-fn put_file(
-    root: &Path,
-    key: &str,
-    data: &[u8],
-    mode: PutMode,
-    staging_name: &str,
-) -> std::io::Result<()> {
+fn put_file(root: &Path, key: &str, data: &[u8], mode: PutMode) -> std::io::Result<()> {
+    // Unique in the process, even with several buckets open on one directory.
+    static STAGING_COUNTER: AtomicU64 = AtomicU64::new(0);
     let path = root.join(key);
     let parent = path
         .parent()
         .expect("keys are checked to be relative and non-empty");
     std::fs::create_dir_all(parent)?;
-    let staging = root.join(STAGING_DIR).join(staging_name);
+    let staging = root.join(STAGING_DIR).join(format!(
+        "{}-{}",
+        std::process::id(),
+        STAGING_COUNTER.fetch_add(1, Ordering::Relaxed)
+    ));
     let result = (|| {
         let f = write_new_file(&staging, data)?;
         f.sync_all()?;
@@ -189,6 +212,164 @@ fn write_direct(file: &File, data: &[u8]) -> std::io::Result<()> {
     })
 }
 
+impl Journaling {
+    /// Stores the objects a crash left only in the journal as files, then starts journaling.
+    /// `None` where the file system cannot do direct I/O: objects are then written as files.
+    fn start(root: &Path) -> std::io::Result<Option<Journaling>> {
+        let path = root.join(JOURNAL_FILE);
+        let (journal, records) = Journal::open(&path)?;
+        if !records.is_empty() {
+            // Replaced, not just created: the storer may have left a file half written.
+            for r in &records {
+                put_file(root, &r.key, &r.data, PutMode::Overwrite)?;
+            }
+            tracing::info!(
+                objects = records.len(),
+                "stored the objects left in the journal of the local bucket"
+            );
+            journal.reset()?;
+        }
+        let Some(direct) = journal::open_direct(&path)? else {
+            return Ok(None);
+        };
+        let journal = Arc::new(journal);
+        let pending: Arc<Mutex<HashMap<String, Bytes>>> = Arc::default();
+        let (to_store, queue) = mpsc::channel();
+        let storer = {
+            let (root, journal, pending) = (root.to_path_buf(), journal.clone(), pending.clone());
+            std::thread::Builder::new()
+                .name("bucketfs-journal".into())
+                .spawn(move || store_journaled(&root, &journal, &pending, &queue))?
+        };
+        Ok(Some(Journaling {
+            journal,
+            direct,
+            pending,
+            to_store: Mutex::new(Some(to_store)),
+            storer: Mutex::new(Some(storer)),
+        }))
+    }
+
+    /// Journals a small create-only PUT. `None` if the object is not journaled (too large, the
+    /// journal full, journaling stopped): the caller writes it as a file.
+    fn put(&self, root: &Path, key: &str, data: &Bytes) -> Option<Result<(), StoreError>> {
+        if data.len() > journal::JOURNAL_OBJECT_BYTES_MAX {
+            return None;
+        }
+        let to_store = self.to_store.lock().clone()?;
+        let exists = || Some(Err(StoreError::AlreadyExists(key.to_string())));
+        {
+            let mut pending = self.pending.lock();
+            if pending.contains_key(key) {
+                return exists();
+            }
+            pending.insert(key.to_string(), data.clone());
+        }
+        let unpend = || self.pending.lock().remove(key);
+        if root.join(key).exists() {
+            unpend();
+            return exists();
+        }
+        match self.journal.append(&self.direct, key, data) {
+            Ok(Some(ticket)) => {
+                if to_store
+                    .send((key.to_string(), data.clone(), ticket))
+                    .is_err()
+                {
+                    unreachable!("the storer runs until its sender is dropped");
+                }
+                Some(Ok(()))
+            }
+            Ok(None) => {
+                unpend();
+                None
+            }
+            Err(e) => {
+                unpend();
+                Some(Err(io_error(key, e)))
+            }
+        }
+    }
+
+    /// Stops journaling once every journaled object is stored as a file.
+    fn stop(&self) {
+        drop(self.to_store.lock().take());
+        if let Some(storer) = self.storer.lock().take() {
+            let _ = storer.join();
+        }
+    }
+}
+
+impl Drop for LocalBucket {
+    fn drop(&mut self) {
+        if let Some(j) = self.journaling.get() {
+            j.stop();
+        }
+    }
+}
+
+/// The storer thread: writes journaled objects as files, a batch at a time, then releases
+/// their records. The files are created under their own names, without staging files: the
+/// journal keeps each object durable until its file is, a crash in between is repaired from the
+/// journal at the next start, and readers find the object in memory until then. (Creating and
+/// deleting a staging file per object made ext4's inode allocator scan its recently deleted
+/// inodes: 30 % of the CPU under pgbench.) A failing write is retried.
+fn store_journaled(
+    root: &Path,
+    journal: &Journal,
+    pending: &Mutex<HashMap<String, Bytes>>,
+    queue: &mpsc::Receiver<(String, Bytes, Ticket)>,
+) {
+    let mut delay_ms = 10;
+    while let Ok(first) = queue.recv() {
+        let batch: Vec<_> = std::iter::once(first).chain(queue.try_iter()).collect();
+        while let Err(e) = store_files(root, &batch) {
+            tracing::warn!(error = %e, "cannot store journaled objects as files yet; retrying");
+            std::thread::sleep(std::time::Duration::from_millis(delay_ms));
+            delay_ms = (delay_ms * 2).min(1000);
+        }
+        delay_ms = 10;
+        let mut failed = None;
+        let mut keys = Vec::with_capacity(batch.len());
+        for (key, _, ticket) in batch {
+            if let Err(e) = journal.release(ticket) {
+                failed = Some(e);
+            }
+            keys.push(key);
+        }
+        if let Some(e) = failed.map_or_else(|| journal.sync().err(), Some) {
+            // The records stay valid: a restart stores those objects again.
+            tracing::warn!(error = %e, "cannot clear released journal records");
+        }
+        let mut pending = pending.lock();
+        for key in keys {
+            pending.remove(&key);
+        }
+    }
+}
+
+/// Writes and fsyncs each object's file, then each directory once.
+fn store_files(root: &Path, batch: &[(String, Bytes, Ticket)]) -> std::io::Result<()> {
+    let mut dirs = std::collections::BTreeSet::new();
+    for (key, data, _) in batch {
+        let path = root.join(key);
+        let dir = path
+            .parent()
+            .expect("keys are checked to be relative and non-empty");
+        if dirs.insert(dir.to_path_buf()) {
+            std::fs::create_dir_all(dir)?;
+        }
+        // Truncated if a failed attempt left part of it.
+        let mut f = File::create(&path)?;
+        f.write_all(data)?;
+        f.sync_all()?;
+    }
+    for dir in dirs {
+        File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}
+
 fn list_dir(root: &Path, prefix: &str) -> std::io::Result<Vec<ObjectInfo>> {
     let mut out = Vec::new();
     let mut stack = vec![root.join(prefix.trim_end_matches('/'))];
@@ -209,7 +390,7 @@ fn list_dir(root: &Path, prefix: &str) -> std::io::Result<Vec<ObjectInfo>> {
                 .expect("walked below the root")
                 .to_string_lossy()
                 .to_string();
-            if key.starts_with(STAGING_DIR) {
+            if key.starts_with(STAGING_DIR) || key == JOURNAL_FILE {
                 continue;
             }
             if meta.is_dir() {
@@ -238,27 +419,26 @@ async fn blocking<T: Send + 'static>(
 impl Bucket for LocalBucket {
     async fn put(&self, key: &str, data: Bytes, mode: PutMode) -> Result<(), StoreError> {
         check_key(key)?;
-        let root = self.root.clone();
-        let key = key.to_string();
-        let staging_name = format!(
-            "{}-{}",
-            std::process::id(),
-            self.staging_counter.fetch_add(1, Ordering::Relaxed)
-        );
+        if let (PutMode::Create, Some(j)) = (mode, self.journaling.get()) {
+            if let Some(result) = j.put(&self.root, key, &data) {
+                return result;
+            }
+        }
         // Small objects (an fsync-driven flush) are written right here: the write and fsync take
         // about as long as the round trip through the blocking pool would add to the fsync.
         if data.len() <= INLINE_PUT_BYTES_MAX {
-            return put_file(&self.root, &key, &data, mode, &staging_name)
-                .map_err(|e| io_error(&key, e));
+            return put_file(&self.root, key, &data, mode).map_err(|e| io_error(key, e));
         }
-        blocking(move || {
-            put_file(&root, &key, &data, mode, &staging_name).map_err(|e| io_error(&key, e))
-        })
-        .await
+        let root = self.root.clone();
+        let key = key.to_string();
+        blocking(move || put_file(&root, &key, &data, mode).map_err(|e| io_error(&key, e))).await
     }
 
     async fn get(&self, key: &str) -> Result<Bytes, StoreError> {
         check_key(key)?;
+        if let Some(data) = self.pending(key) {
+            return Ok(data);
+        }
         let path = self.path(key);
         let key = key.to_string();
         blocking(move || {
@@ -271,19 +451,41 @@ impl Bucket for LocalBucket {
 
     async fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes, StoreError> {
         check_key(key)?;
+        let beyond = || {
+            StoreError::Permanent(format!(
+                "object {key}: ranged read {range:?} is beyond its end"
+            ))
+        };
+        if let Some(data) = self.pending(key) {
+            if range.end > data.len() as u64 {
+                return Err(beyond());
+            }
+            return Ok(data.slice(range.start as usize..range.end as usize));
+        }
         let file = self.handle(key).map_err(|e| io_error(key, e))?;
         let mut buf = vec![0u8; (range.end - range.start) as usize];
         match file.read_exact_at(&mut buf, range.start) {
             Ok(()) => Ok(Bytes::from(buf)),
-            Err(e) if e.kind() == ErrorKind::UnexpectedEof => Err(StoreError::Permanent(format!(
-                "object {key}: ranged read {range:?} is beyond its end"
-            ))),
+            Err(e) if e.kind() == ErrorKind::UnexpectedEof => Err(beyond()),
             Err(e) => Err(io_error(key, e)),
         }
     }
 
     async fn delete(&self, key: &str) -> Result<(), StoreError> {
         check_key(key)?;
+        // An object still only in the journal is deleted once its file exists (within
+        // milliseconds); deleting it earlier would let the journal bring it back.
+        for _ in 0..JOURNALED_DELETE_WAIT_MS {
+            if self.pending(key).is_none() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        if self.pending(key).is_some() {
+            return Err(StoreError::Transient(format!(
+                "object {key} is still being written from the journal"
+            )));
+        }
         self.open_files.lock().remove(key);
         let path = self.path(key);
         let key = key.to_string();
@@ -295,10 +497,56 @@ impl Bucket for LocalBucket {
         .await
     }
 
+    async fn begin_writing(&self) -> Result<(), StoreError> {
+        if self.journaling.get().is_some() {
+            return Ok(());
+        }
+        let root = self.root.clone();
+        let journaling =
+            blocking(move || Journaling::start(&root).map_err(|e| io_error(JOURNAL_FILE, e)))
+                .await?;
+        if let Some(j) = journaling {
+            let _ = self.journaling.set(j);
+        }
+        Ok(())
+    }
+
+    async fn end_writing(&self) -> Result<(), StoreError> {
+        if let Some(j) = self.journaling.get() {
+            j.stop();
+        }
+        Ok(())
+    }
+
     async fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, StoreError> {
+        // Journaled objects are taken first: one whose file appears meanwhile is then listed
+        // from the directory, never missed.
+        let journaled: Vec<ObjectInfo> = self
+            .journaling
+            .get()
+            .map(|j| {
+                j.pending
+                    .lock()
+                    .iter()
+                    .filter(|(k, _)| k.starts_with(prefix))
+                    .map(|(k, d)| ObjectInfo {
+                        key: k.clone(),
+                        size_bytes: d.len() as u64,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
         let root = self.root.clone();
         let prefix = prefix.to_string();
-        blocking(move || list_dir(&root, &prefix).map_err(|e| io_error(&prefix, e))).await
+        let mut listed = journaled;
+        listed.extend(
+            blocking(move || list_dir(&root, &prefix).map_err(|e| io_error(&prefix, e))).await?,
+        );
+        // Stable: where both have an object, the journaled entry (complete) comes first and
+        // stays, not a file still being written.
+        listed.sort_by(|a, b| a.key.cmp(&b.key));
+        listed.dedup_by(|a, b| a.key == b.key);
+        Ok(listed)
     }
 }
 
@@ -381,6 +629,64 @@ mod tests {
                 object.slice(mid as usize..mid as usize + 10)
             );
         }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn journaled_objects_survive_a_crash_before_their_files_exist() {
+        let dir = std::env::temp_dir().join(format!("bucketfs-journal-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        drop(LocalBucket::open(&dir).unwrap());
+        let path = dir.join(JOURNAL_FILE);
+        {
+            // What a crash leaves: three records, the third torn, and a half-written file.
+            let (j, recovered) = Journal::open(&path).unwrap();
+            assert!(recovered.is_empty());
+            let direct = journal::open_direct(&path)
+                .unwrap()
+                .expect("ext4 does direct I/O");
+            for (key, data) in [("log/1", "first"), ("log/2", "second"), ("log/3", "third")] {
+                j.append(&direct, key, data.as_bytes()).unwrap().unwrap();
+            }
+            let raw = OpenOptions::new().write(true).open(&path).unwrap();
+            raw.write_all_at(b"X", 2 * 4096 + 40).unwrap();
+            std::fs::create_dir_all(dir.join("log")).unwrap();
+            std::fs::write(dir.join("log/2"), "sec").unwrap();
+        }
+        let b = LocalBucket::open(&dir).unwrap();
+        b.begin_writing().await.unwrap();
+        assert_eq!(std::fs::read(dir.join("log/1")).unwrap(), b"first");
+        assert_eq!(std::fs::read(dir.join("log/2")).unwrap(), b"second");
+        assert_eq!(
+            b.get("log/3").await,
+            Err(StoreError::NotFound("log/3".into())),
+            "a torn record was never acknowledged"
+        );
+        // Journaled from now on: readable and listed at once, refused a second time, and a
+        // file by the time the writer ends.
+        b.put("log/4", Bytes::from_static(b"fourth"), PutMode::Create)
+            .await
+            .unwrap();
+        assert_eq!(&b.get("log/4").await.unwrap()[..], b"fourth");
+        assert_eq!(&b.get_range("log/4", 1..3).await.unwrap()[..], b"ou");
+        assert_eq!(
+            b.put("log/4", Bytes::from_static(b"again"), PutMode::Create)
+                .await,
+            Err(StoreError::AlreadyExists("log/4".into()))
+        );
+        let keys: Vec<String> = b
+            .list("log/")
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|o| o.key)
+            .collect();
+        assert_eq!(keys, ["log/1", "log/2", "log/4"]);
+        b.end_writing().await.unwrap();
+        assert_eq!(std::fs::read(dir.join("log/4")).unwrap(), b"fourth");
+        drop(b);
+        let (_, left) = Journal::open(&path).unwrap();
+        assert!(left.is_empty(), "every record was released");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

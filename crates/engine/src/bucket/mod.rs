@@ -5,6 +5,7 @@
 
 mod counting;
 mod faults;
+mod journal;
 mod local;
 mod retry;
 mod store;
@@ -54,6 +55,17 @@ pub trait Bucket: Send + Sync + 'static {
     async fn delete(&self, key: &str) -> Result<(), StoreError>;
     /// Every object whose key starts with `prefix` (a folder such as `log/`), in key order.
     async fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, StoreError>;
+    /// Called once by the writer, holding the writer lock, before it reads the bucket. A bucket
+    /// with a write-ahead journal (a local directory) first stores what the journal holds, then
+    /// journals small create-only PUTs from here on.
+    async fn begin_writing(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+    /// Called by the writer before it gives up the writer lock: afterwards every object is
+    /// stored where readers that do not replay a journal find it.
+    async fn end_writing(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
 }
 
 pub type SharedBucket = Arc<dyn Bucket>;

@@ -73,4 +73,10 @@ impl Bucket for RetryingBucket {
     async fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, StoreError> {
         self.run("LIST", prefix, || self.inner.list(prefix)).await
     }
+    async fn begin_writing(&self) -> Result<(), StoreError> {
+        self.inner.begin_writing().await
+    }
+    async fn end_writing(&self) -> Result<(), StoreError> {
+        self.inner.end_writing().await
+    }
 }
