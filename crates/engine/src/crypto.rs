@@ -1,4 +1,4 @@
-//! Key management and sealing (see docs/0002-keys-and-sealing.md).
+//! Key management and sealing (docs/format.md: `superblock.json`).
 //!
 //! A random 256-bit data key encrypts everything. The key is stored in the bucket's superblock,
 //! wrapped (XChaCha20-Poly1305) by a key derived from the password with Argon2id. Changing the
