@@ -140,8 +140,7 @@ fn put_file(root: &Path, key: &str, data: &[u8], mode: PutMode) -> std::io::Resu
         let f = write_new_file(&staging, data)?;
         f.sync_all()?;
         match mode {
-            // A hard link fails if the name exists: an atomic create-only publish.
-            PutMode::Create => std::fs::hard_link(&staging, &path)?,
+            PutMode::Create => rename_no_replace(&staging, &path)?,
             PutMode::Overwrite => std::fs::rename(&staging, &path)?,
         }
         fsync_dir(parent)
@@ -419,14 +418,16 @@ fn staging_path(root: &Path) -> PathBuf {
     ))
 }
 
-/// Renames `from` to `to`, failing with `AlreadyExists` instead of replacing `to`.
-fn rename_no_replace(from: &Path, to: &Path) -> std::io::Result<()> {
+/// Moves `from` to `to` atomically, failing with `AlreadyExists` instead of replacing `to`: an
+/// atomic create-only publish. File systems without `RENAME_NOREPLACE` (NFS, for one) get a
+/// hard link, which is just as atomic and create-only, and the staging name is removed.
+fn rename_no_replace(from_path: &Path, to_path: &Path) -> std::io::Result<()> {
     use std::os::unix::ffi::OsStrExt;
     let c = |p: &Path| {
         std::ffi::CString::new(p.as_os_str().as_bytes())
             .map_err(|e| std::io::Error::new(ErrorKind::InvalidInput, e))
     };
-    let (from, to) = (c(from)?, c(to)?);
+    let (from, to) = (c(from_path)?, c(to_path)?);
     // SAFETY: both paths are NUL-terminated strings that outlive the call.
     let rc = unsafe {
         libc::renameat2(
@@ -438,9 +439,16 @@ fn rename_no_replace(from: &Path, to: &Path) -> std::io::Result<()> {
         )
     };
     if rc == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
+        return Ok(());
+    }
+    let e = std::io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::EINVAL) | Some(libc::ENOSYS) => {
+            std::fs::hard_link(from_path, to_path)?;
+            let _ = std::fs::remove_file(from_path);
+            Ok(())
+        }
+        _ => Err(e),
     }
 }
 
