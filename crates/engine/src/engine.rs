@@ -269,7 +269,7 @@ struct Counters {
 
 struct Inner {
     bucket: SharedBucket,
-    sealer: Sealer,
+    sealer: Arc<Sealer>,
     codec: Codec,
     read_only: bool,
     state: Mutex<State>,
@@ -365,11 +365,32 @@ impl Engine {
         } else {
             Some(lease::acquire(&bucket).await?)
         };
+        let sealer = Arc::new(sealer);
         let opened = async {
             if lock_holder.is_some() {
                 bucket.begin_writing().await?;
             }
-            Self::load(bucket.clone(), sealer, &opts, lock_holder.clone()).await
+            let mut attempt = 1;
+            loop {
+                let loaded =
+                    Self::load(bucket.clone(), sealer.clone(), &opts, lock_holder.clone()).await;
+                match loaded {
+                    // A reader beside a running writer lists the bucket while the writer
+                    // changes it (a checkpoint replaced, log objects collected), so what it
+                    // read may not fit together: it reads again before it calls the bucket
+                    // damaged.
+                    Err(
+                        e @ (EngineError::Corrupt(_)
+                        | EngineError::Store(StoreError::NotFound(_))),
+                    ) if opts.read_only && attempt < READ_ONLY_OPEN_ATTEMPTS => {
+                        tracing::warn!(attempt, error = %e, "the bucket changed while it was read (a writer is running?); reading it again");
+                        let pause_ms = 100 * u64::from(attempt);
+                        tokio::time::sleep(std::time::Duration::from_millis(pause_ms)).await;
+                        attempt += 1;
+                    }
+                    result => break result,
+                }
+            }
         }
         .await;
         if let (Err(_), Some(me)) = (&opened, &lock_holder) {
@@ -380,7 +401,7 @@ impl Engine {
 
     async fn load(
         bucket: SharedBucket,
-        sealer: Sealer,
+        sealer: Arc<Sealer>,
         opts: &EngineOptions,
         lock_holder: Option<LockHolder>,
     ) -> Result<Engine, EngineError> {
@@ -422,10 +443,17 @@ impl Engine {
             .position(|(i, (seq, _))| *seq != checkpoint_seq + 1 + i as u64)
         {
             let orphans = to_replay.split_off(gap);
-            if orphans.len() > UPLOADS_IN_FLIGHT_MAX {
+            let missing = checkpoint_seq + 1 + gap as u64;
+            // Uploads in flight are the oldest uncommitted objects, so a crash leaves stored
+            // objects only within UPLOADS_IN_FLIGHT_MAX of the first missing one.
+            let beyond = orphans
+                .iter()
+                .filter(|(seq, _)| *seq >= missing + UPLOADS_IN_FLIGHT_MAX as u64)
+                .count();
+            if beyond > 0 {
                 return Err(EngineError::Corrupt(format!(
                     "log object {} is missing but {} later ones exist; the bucket is damaged",
-                    logobj::log_key(checkpoint_seq + 1 + gap as u64),
+                    logobj::log_key(missing),
                     orphans.len()
                 )));
             }
@@ -437,7 +465,6 @@ impl Engine {
                 }
             }
         }
-        let sealer = Arc::new(sealer);
         let records = futures::stream::iter(to_replay.iter().copied())
             .map(|(seq, size)| {
                 let bucket = bucket.clone();
@@ -475,8 +502,6 @@ impl Engine {
             extents = committed.extent_count(),
             "opened bucket"
         );
-        let sealer =
-            Arc::try_unwrap(sealer).unwrap_or_else(|_| unreachable!("replay tasks finished"));
         let disk_cache = match &opts.disk_cache_dir {
             Some(dir) if opts.disk_cache_bytes_max > 0 => Some(
                 DiskCache::open(dir.clone(), opts.disk_cache_bytes_max).map_err(|e| {

@@ -21,6 +21,10 @@ pub const DIRTY_BYTES_FLUSH_START: usize = DIRTY_BYTES_MAX / 4;
 /// acknowledged). Concurrency hides the object store's latency from back-to-back fsyncs.
 pub const UPLOADS_IN_FLIGHT_MAX: usize = 4;
 
+/// A read-only open reads the bucket this many times before it reports what it found
+/// inconsistent as damage: a writer running beside it may have changed the bucket meanwhile.
+pub const READ_ONLY_OPEN_ATTEMPTS: u32 = 5;
+
 /// Log-object buffers kept for reuse (object_buffer.rs): one per upload in flight, one being
 /// sealed and one queued. Each is as large as the largest object it held (at most about
 /// DIRTY_BYTES_MAX), so this bounds the memory kept idle.

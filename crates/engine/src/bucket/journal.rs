@@ -5,7 +5,8 @@
 //! so costs a device write and cache flush, not a file-system journal commit. Writing the object
 //! as a file of its own (create, write, fsync, link, fsync the directory: two journal commits,
 //! ~0.5 ms idle and over 1 ms under load on the test VM) then happens in the background; once
-//! that file is durable the record is released and its header zeroed.
+//! that file is durable the record is released and its header zeroed. An object deleted while
+//! it is only in the journal never becomes a file: its record is released the same way.
 //!
 //! Records are appended in a ring. Each starts on a block boundary with a header:
 //!
@@ -24,8 +25,7 @@ use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 
-/// Size of the journal file. Records are released within milliseconds of being written unless
-/// the disk falls behind; when the ring is full, objects are written as files directly.
+/// Size of the journal file; when the ring is full, objects are written as files directly.
 pub const JOURNAL_BYTES: u64 = 64 * 1024 * 1024;
 /// Objects up to this size go through the journal; larger ones gain nothing from it (they are
 /// not on the critical path of an fsync) and would crowd it.
@@ -53,6 +53,13 @@ pub struct Ticket {
     record: u64,
 }
 
+impl Ticket {
+    /// Records are numbered in the order they are appended.
+    pub fn number(&self) -> u64 {
+        self.record
+    }
+}
+
 #[derive(Debug)]
 struct Slot {
     record: u64,
@@ -77,7 +84,19 @@ impl Ring {
 #[derive(Debug)]
 pub struct Journal {
     file: File,
+    /// Direct I/O handles; `None` where the file system cannot do direct I/O (tmpfs), and then
+    /// nothing is journaled.
+    direct: Option<DirectFiles>,
     ring: Mutex<Ring>,
+}
+
+#[derive(Debug)]
+struct DirectFiles {
+    /// Direct and synchronous: a record write that returns is durable.
+    append: File,
+    /// Direct, not synchronous: headers are zeroed a batch at a time, then `sync`ed. Direct so
+    /// that no page-cache copy of a block can ever be written back over a newer record.
+    clear: File,
 }
 
 fn crc(record: &[u8]) -> u64 {
@@ -104,12 +123,15 @@ impl Journal {
         options.read(true).write(true).create(true).truncate(false);
         let file = options.open(path)?;
         let records = if file.metadata()?.len() == JOURNAL_BYTES {
-            scan(&file)?
+            let mut image = vec![0u8; JOURNAL_BYTES as usize];
+            file.read_exact_at(&mut image, 0)?;
+            scan(&image)
         } else {
             Vec::new()
         };
         let journal = Journal {
             file,
+            direct: open_direct(path)?,
             ring: Mutex::default(),
         };
         if records.is_empty() {
@@ -132,9 +154,13 @@ impl Journal {
         Ok(())
     }
 
-    /// Writes a record of `key` and `data` durably. `None` when the ring has no room or the
-    /// object is too large: the caller stores it another way.
-    pub fn append(&self, direct: &File, key: &str, data: &[u8]) -> std::io::Result<Option<Ticket>> {
+    /// Writes a record of `key` and `data` durably. `None` when the ring has no room, the
+    /// object is too large or the file system cannot do direct I/O: the caller stores it
+    /// another way.
+    pub fn append(&self, key: &str, data: &[u8]) -> std::io::Result<Option<Ticket>> {
+        let Some(direct) = &self.direct else {
+            return Ok(None);
+        };
         if data.len() > JOURNAL_OBJECT_BYTES_MAX || key.len() > KEY_BYTES_MAX {
             return Ok(None);
         }
@@ -169,7 +195,7 @@ impl Journal {
         out[HEADER_BYTES + key.len()..HEADER_BYTES + key.len() + data.len()].copy_from_slice(data);
         let sum = crc(out);
         out[24..32].copy_from_slice(&sum.to_le_bytes());
-        let written = direct.write_all_at(out, start % JOURNAL_BYTES);
+        let written = direct.append.write_all_at(out, start % JOURNAL_BYTES);
         if let Err(e) = written {
             // Never acknowledged: give the space back as if the object had been stored.
             self.release(Ticket { record })?;
@@ -178,28 +204,45 @@ impl Journal {
         Ok(Some(Ticket { record }))
     }
 
-    /// The record's object is durable as a file: zero its header (so it is never replayed) and
-    /// free its space once every earlier record is free too.
+    /// The record's object is durable as a file, or deleted: zero its header (so it is never
+    /// replayed; durable after the next `sync`) and free its space once every earlier record
+    /// is free too. The space is freed even if zeroing fails: the record may then come back
+    /// at the next start, which stores its object again.
     pub fn release(&self, ticket: Ticket) -> std::io::Result<()> {
         let start = {
-            let mut ring = self.ring.lock();
+            let ring = self.ring.lock();
             let slot = ring
                 .live
-                .iter_mut()
+                .iter()
                 .find(|s| s.record == ticket.record)
                 .expect("a ticket names a live record");
-            slot.released = true;
             slot.start
         };
+        let direct = self
+            .direct
+            .as_ref()
+            .expect("tickets are only issued with direct I/O");
         let (buf, skew) = aligned(BLOCK_BYTES);
-        let zeroed = self
-            .file
-            .write_all_at(&buf[skew..skew + HEADER_BYTES], start % JOURNAL_BYTES);
+        // Only after this write has returned may the space be given to a new record: a zeroing
+        // write still in flight would otherwise land on it.
+        let zeroed = direct
+            .clear
+            .write_all_at(&buf[skew..skew + BLOCK_BYTES], start % JOURNAL_BYTES);
         let mut ring = self.ring.lock();
+        if let Some(slot) = ring.live.iter_mut().find(|s| s.record == ticket.record) {
+            slot.released = true;
+        }
         while ring.live.front().is_some_and(|s| s.released) {
             ring.live.pop_front();
         }
         zeroed
+    }
+
+    /// Bytes of the ring between its oldest unreleased record and its head: when this nears
+    /// `JOURNAL_BYTES`, appends find no room.
+    pub fn used_bytes(&self) -> u64 {
+        let ring = self.ring.lock();
+        ring.head - ring.tail()
     }
 
     /// Makes the zeroed headers durable (see `release`), after a batch of them.
@@ -208,23 +251,52 @@ impl Journal {
     }
 }
 
-/// Opens the journal for record writes: direct and synchronous, so a returned write is
-/// durable. `None` when the file system cannot do direct I/O (tmpfs): then no journal is used.
-pub fn open_direct(path: &Path) -> std::io::Result<Option<File>> {
-    match OpenOptions::new()
-        .write(true)
-        .custom_flags(libc::O_DIRECT | libc::O_DSYNC)
-        .open(path)
-    {
-        Ok(f) => Ok(Some(f)),
+/// Opens the journal for direct writes. `None` when the file system cannot do direct I/O.
+fn open_direct(path: &Path) -> std::io::Result<Option<DirectFiles>> {
+    let open = |flags| {
+        OpenOptions::new()
+            .write(true)
+            .custom_flags(flags)
+            .open(path)
+    };
+    match open(libc::O_DIRECT | libc::O_DSYNC) {
+        Ok(append) => Ok(Some(DirectFiles {
+            append,
+            clear: open(libc::O_DIRECT)?,
+        })),
         Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(None),
         Err(e) => Err(e),
     }
 }
 
-fn scan(file: &File) -> std::io::Result<Vec<Record>> {
-    let mut image = vec![0u8; JOURNAL_BYTES as usize];
-    file.read_exact_at(&mut image, 0)?;
+/// The records in the journal at `path`, oldest first, read without changing anything: for
+/// a reader beside a running writer (which appends and clears records meanwhile; a record
+/// caught half written fails its checksum and is left out). Empty if there is no journal.
+pub fn read_records(path: &Path) -> std::io::Result<Vec<Record>> {
+    // Direct reads, so that no stale page-cache copy hides the writer's direct writes.
+    let file = match OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+    {
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => File::open(path),
+        opened => opened,
+    };
+    let file = match file {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    if file.metadata()?.len() != JOURNAL_BYTES {
+        return Ok(Vec::new());
+    }
+    let (mut buf, skew) = aligned(JOURNAL_BYTES as usize);
+    let image = &mut buf[skew..skew + JOURNAL_BYTES as usize];
+    file.read_exact_at(image, 0)?;
+    Ok(scan(image))
+}
+
+fn scan(image: &[u8]) -> Vec<Record> {
     let mut found: Vec<(u64, Record)> = Vec::new();
     let mut at = 0;
     while at + HEADER_BYTES <= image.len() {
@@ -252,5 +324,5 @@ fn scan(file: &File) -> std::io::Result<Vec<Record>> {
         at += len;
     }
     found.sort_by_key(|(record, _)| *record);
-    Ok(found.into_iter().map(|(_, r)| r).collect())
+    found.into_iter().map(|(_, r)| r).collect()
 }

@@ -13,9 +13,9 @@ use super::journal::{self, Journal, Ticket};
 use super::{Bucket, ObjectInfo, PutMode, StoreError};
 use async_trait::async_trait;
 use bytes::Bytes;
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs::{File, OpenOptions};
 use std::io::{ErrorKind, Write};
 use std::ops::Range;
@@ -23,8 +23,8 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc;
 use std::sync::{Arc, OnceLock};
+use std::time::Instant;
 
 /// Open read handles kept; beyond this the cache is emptied (objects are many, reads cluster).
 const OPEN_FILES_MAX: usize = 512;
@@ -41,8 +41,19 @@ const DIRECT_ALIGN_BYTES: usize = 4096;
 const _: () = assert!(DIRECT_WRITE_CHUNK_BYTES.is_multiple_of(DIRECT_ALIGN_BYTES));
 /// Staging files live here until they are linked into place; never listed.
 const STAGING_DIR: &str = ".staging";
-/// How long a DELETE waits for a journaled object's file before answering a transient error.
+/// How long a DELETE waits for a journaled object that is being appended or stored as a file
+/// before answering a transient error.
 const JOURNALED_DELETE_WAIT_MS: u32 = 10_000;
+/// A journaled object becomes a file after this long: log objects of an fsync-heavy load are
+/// mostly collected within seconds (one checkpoint per 1024 flushes), and one collected while
+/// still journaled never costs a file. Bounds how stale the files are (what read-only openers
+/// see, docs/0002) and how many objects a restart after a crash has to write.
+const JOURNAL_STORE_AFTER_S: u64 = 30;
+/// Above this much of the ring in use, the oldest objects become files at once, so appends
+/// keep finding room.
+const JOURNAL_STORE_ABOVE_BYTES: u64 = journal::JOURNAL_BYTES / 2;
+/// Objects the storer writes as files in one batch (one pass of fsyncs).
+const STORE_BATCH_OBJECTS_MAX: usize = 256;
 /// The write-ahead journal of small objects (journal.rs); never listed.
 const JOURNAL_FILE: &str = ".journal";
 
@@ -52,18 +63,52 @@ pub struct LocalBucket {
     open_files: Mutex<HashMap<String, Arc<File>>>,
     /// Set while this process is the bucket's writer (`begin_writing`).
     journaling: OnceLock<Journaling>,
+    /// In a process that is not the writer: objects found in the writer's journal by `list`
+    /// (docs/0002, "Readers"). Objects are immutable, so an entry never goes stale; one the
+    /// writer has deleted since is at worst listed again.
+    journal_seen: Mutex<HashMap<String, Bytes>>,
 }
 
-/// The journal of a writer, and the objects recorded in it whose files may not be durable yet
-/// (journal.rs): reads find them here until their files are.
+/// The journal of a writer, and the objects recorded in it that are not files yet
+/// (journal.rs): reads find them here.
 #[derive(Debug)]
 struct Journaling {
-    journal: Arc<Journal>,
-    direct: File,
-    pending: Arc<Mutex<HashMap<String, Bytes>>>,
-    /// To the thread that writes journaled objects as files; dropped by `end_writing`.
-    to_store: Mutex<Option<mpsc::Sender<(String, Bytes, Ticket)>>>,
+    shared: Arc<JournalShared>,
     storer: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+#[derive(Debug)]
+struct JournalShared {
+    root: PathBuf,
+    journal: Journal,
+    held: Mutex<Held>,
+    /// Wakes the storer: the first object after a quiet spell, journal pressure, or `stop`.
+    wake: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct Held {
+    objects: HashMap<String, HeldObject>,
+    /// Journaled objects the storer has not taken yet, by record number: oldest first.
+    waiting: BTreeMap<u64, String>,
+    /// Set by `stop`: the storer stores everything and exits; PUTs write files.
+    stopping: bool,
+}
+
+#[derive(Debug)]
+struct HeldObject {
+    data: Bytes,
+    state: HeldState,
+}
+
+#[derive(Debug)]
+enum HeldState {
+    /// The PUT is writing the record.
+    Appending,
+    /// Durable in the journal since `since`; not a file.
+    Journaled { ticket: Ticket, since: Instant },
+    /// The storer is writing the file.
+    Storing,
 }
 
 fn io_error(key: &str, e: std::io::Error) -> StoreError {
@@ -103,11 +148,55 @@ impl LocalBucket {
             root,
             open_files: Mutex::default(),
             journaling: OnceLock::new(),
+            journal_seen: Mutex::default(),
         })
     }
 
-    fn pending(&self, key: &str) -> Option<Bytes> {
-        self.journaling.get()?.pending.lock().get(key).cloned()
+    /// The object, if it is held in memory because it is not a file yet (in the writer), or
+    /// was found in the writer's journal (in a reader).
+    fn held(&self, key: &str) -> Option<Bytes> {
+        match self.journaling.get() {
+            Some(j) => j
+                .shared
+                .held
+                .lock()
+                .objects
+                .get(key)
+                .map(|o| o.data.clone()),
+            None => self.journal_seen.lock().get(key).cloned(),
+        }
+    }
+
+    /// The objects of `prefix` only in the journal: from memory in the writer; in a reader,
+    /// read from the journal file now (objects a writer journaled become files only after a
+    /// while: without the journal a reader would see an old, possibly gapped log).
+    async fn journaled(&self, prefix: &str) -> Result<Vec<ObjectInfo>, StoreError> {
+        let info = |(key, data): (&String, &Bytes)| ObjectInfo {
+            key: key.clone(),
+            size_bytes: data.len() as u64,
+        };
+        if let Some(j) = self.journaling.get() {
+            let held = j.shared.held.lock();
+            return Ok(held
+                .objects
+                .iter()
+                .filter(|(k, _)| k.starts_with(prefix))
+                .map(|(k, o)| info((k, &o.data)))
+                .collect());
+        }
+        let path = self.root.join(JOURNAL_FILE);
+        let records =
+            blocking(move || journal::read_records(&path).map_err(|e| io_error(JOURNAL_FILE, e)))
+                .await?;
+        let mut seen = self.journal_seen.lock();
+        for r in records {
+            seen.entry(r.key).or_insert_with(|| Bytes::from(r.data));
+        }
+        Ok(seen
+            .iter()
+            .filter(|(k, _)| k.starts_with(prefix))
+            .map(info)
+            .collect())
     }
 
     fn path(&self, key: &str) -> PathBuf {
@@ -207,15 +296,18 @@ fn write_direct(file: &File, data: &[u8]) -> std::io::Result<()> {
 }
 
 impl Journaling {
-    /// Stores the objects a crash left only in the journal as files, then starts journaling.
-    /// `None` where the file system cannot do direct I/O: objects are then written as files.
-    fn start(root: &Path) -> std::io::Result<Option<Journaling>> {
+    /// Stores the objects a crash left only in the journal as files, then starts journaling
+    /// (unless the file system cannot do direct I/O: objects are then written as files).
+    fn start(root: &Path) -> std::io::Result<Journaling> {
         let path = root.join(JOURNAL_FILE);
         let (journal, records) = Journal::open(&path)?;
         if !records.is_empty() {
-            // Replaced, not just created: the storer may have left a file half written.
-            for r in &records {
-                put_file(root, &r.key, &r.data, PutMode::Overwrite)?;
+            for batch in records.chunks(STORE_BATCH_OBJECTS_MAX) {
+                let objects: Vec<(&str, &[u8])> = batch
+                    .iter()
+                    .map(|r| (r.key.as_str(), &r.data[..]))
+                    .collect();
+                store_files(root, &objects)?;
             }
             tracing::info!(
                 objects = records.len(),
@@ -223,71 +315,129 @@ impl Journaling {
             );
             journal.reset()?;
         }
-        let Some(direct) = journal::open_direct(&path)? else {
-            return Ok(None);
-        };
-        let journal = Arc::new(journal);
-        let pending: Arc<Mutex<HashMap<String, Bytes>>> = Arc::default();
-        let (to_store, queue) = mpsc::channel();
+        let shared = Arc::new(JournalShared {
+            root: root.to_path_buf(),
+            journal,
+            held: Mutex::default(),
+            wake: Condvar::new(),
+        });
         let storer = {
-            let (root, journal, pending) = (root.to_path_buf(), journal.clone(), pending.clone());
+            let shared = shared.clone();
             std::thread::Builder::new()
                 .name("bucketfs-journal".into())
-                .spawn(move || store_journaled(&root, &journal, &pending, &queue))?
+                .spawn(move || shared.store_journaled())?
         };
-        Ok(Some(Journaling {
-            journal,
-            direct,
-            pending,
-            to_store: Mutex::new(Some(to_store)),
+        Ok(Journaling {
+            shared,
             storer: Mutex::new(Some(storer)),
-        }))
+        })
     }
 
     /// Journals a small create-only PUT. `None` if the object is not journaled (too large, the
-    /// journal full, journaling stopped): the caller writes it as a file.
-    fn put(&self, root: &Path, key: &str, data: &Bytes) -> Option<Result<(), StoreError>> {
+    /// journal full, no direct I/O, journaling stopped): the caller writes it as a file.
+    fn put(&self, key: &str, data: &Bytes) -> Option<Result<(), StoreError>> {
         if data.len() > journal::JOURNAL_OBJECT_BYTES_MAX {
             return None;
         }
-        let to_store = self.to_store.lock().clone()?;
+        let shared = &self.shared;
         let exists = || Some(Err(StoreError::AlreadyExists(key.to_string())));
         {
-            let mut pending = self.pending.lock();
-            if pending.contains_key(key) {
+            let mut held = shared.held.lock();
+            if held.stopping {
+                return None;
+            }
+            if held.objects.contains_key(key) {
                 return exists();
             }
-            pending.insert(key.to_string(), data.clone());
+            let object = HeldObject {
+                data: data.clone(),
+                state: HeldState::Appending,
+            };
+            held.objects.insert(key.to_string(), object);
         }
-        let unpend = || self.pending.lock().remove(key);
-        if root.join(key).exists() {
-            unpend();
+        let unhold = || shared.held.lock().objects.remove(key);
+        if shared.root.join(key).exists() {
+            unhold();
             return exists();
         }
-        match self.journal.append(&self.direct, key, data) {
+        match shared.journal.append(key, data) {
             Ok(Some(ticket)) => {
-                if to_store
-                    .send((key.to_string(), data.clone(), ticket))
-                    .is_err()
-                {
-                    unreachable!("the storer runs until its sender is dropped");
+                let mut held = shared.held.lock();
+                let first = held.waiting.is_empty();
+                held.waiting.insert(ticket.number(), key.to_string());
+                let object = held
+                    .objects
+                    .get_mut(key)
+                    .expect("an appending object stays held");
+                object.state = HeldState::Journaled {
+                    ticket,
+                    since: Instant::now(),
+                };
+                // The storer sleeps while there is nothing to do; it needs to hear of the
+                // first object (to time its age) and of a filling ring.
+                if first || shared.journal.used_bytes() > JOURNAL_STORE_ABOVE_BYTES {
+                    shared.wake.notify_one();
                 }
                 Some(Ok(()))
             }
             Ok(None) => {
-                unpend();
+                unhold();
                 None
             }
             Err(e) => {
-                unpend();
+                unhold();
                 Some(Err(io_error(key, e)))
             }
         }
     }
 
+    /// Deletes an object that is held in memory. `Some(Ok)` once a journaled object's record is
+    /// durably cleared (it never becomes a file); `Some(Err)` if it is being written
+    /// (appended or stored as a file) and stays so for too long; `None` if it is not held.
+    async fn delete(&self, key: &str) -> Option<Result<(), StoreError>> {
+        let shared = &self.shared;
+        for _ in 0..JOURNALED_DELETE_WAIT_MS {
+            let ticket = {
+                let mut held = shared.held.lock();
+                match held.objects.get(key).map(|o| &o.state) {
+                    None => return None,
+                    Some(HeldState::Journaled { .. }) => {
+                        let Some(HeldObject {
+                            state: HeldState::Journaled { ticket, .. },
+                            ..
+                        }) = held.objects.remove(key)
+                        else {
+                            unreachable!("matched just above under the same lock")
+                        };
+                        held.waiting.remove(&ticket.number());
+                        Some(ticket)
+                    }
+                    Some(HeldState::Appending | HeldState::Storing) => None,
+                }
+            };
+            if let Some(ticket) = ticket {
+                let (shared, owned_key) = (shared.clone(), key.to_string());
+                return Some(
+                    blocking(move || {
+                        let cleared = shared.journal.release(ticket);
+                        cleared
+                            .and_then(|()| shared.journal.sync())
+                            .map_err(|e| io_error(&owned_key, e))
+                    })
+                    .await,
+                );
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        Some(Err(StoreError::Transient(format!(
+            "object {key} is still being written from the journal"
+        ))))
+    }
+
     /// Stops journaling once every journaled object is stored as a file.
     fn stop(&self) {
-        drop(self.to_store.lock().take());
+        self.shared.held.lock().stopping = true;
+        self.shared.wake.notify_one();
         if let Some(storer) = self.storer.lock().take() {
             let _ = storer.join();
         }
@@ -302,44 +452,81 @@ impl Drop for LocalBucket {
     }
 }
 
-/// The storer thread: writes journaled objects as files, a batch at a time, then releases
-/// their records. The journal keeps each object durable until its file is, a crash in between
-/// is repaired from the journal at the next start, and readers find the object in memory until
-/// then. A failing write is retried.
-fn store_journaled(
-    root: &Path,
-    journal: &Journal,
-    pending: &Mutex<HashMap<String, Bytes>>,
-    queue: &mpsc::Receiver<(String, Bytes, Ticket)>,
-) {
-    let mut delay_ms = 10;
-    while let Ok(first) = queue.recv() {
-        let batch: Vec<_> = std::iter::once(first).chain(queue.try_iter()).collect();
-        let objects: Vec<(&str, &[u8])> = batch
-            .iter()
-            .map(|(key, data, _)| (key.as_str(), &data[..]))
-            .collect();
-        while let Err(e) = store_files(root, &objects) {
-            tracing::error!(error = %e, "cannot store journaled objects as files yet; retrying");
-            std::thread::sleep(std::time::Duration::from_millis(delay_ms));
-            delay_ms = (delay_ms * 2).min(1000);
-        }
-        delay_ms = 10;
-        let mut failed = None;
-        let mut keys = Vec::with_capacity(batch.len());
-        for (key, _, ticket) in batch {
-            if let Err(e) = journal.release(ticket) {
-                failed = Some(e);
+impl JournalShared {
+    /// The storer thread: writes journaled objects as files, oldest first and a batch at a
+    /// time, once they are `JOURNAL_STORE_AFTER_S` old or the ring is more than half full (or
+    /// at `stop`), then releases their records. Until then an object lives only in the journal
+    /// and in memory, so one deleted sooner (most log objects of an fsync-heavy load) never
+    /// costs a file creation and deletion. A failing write is retried.
+    fn store_journaled(&self) {
+        let mut delay_ms = 10;
+        loop {
+            let batch = {
+                let mut held = self.held.lock();
+                loop {
+                    let due =
+                        held.stopping || self.journal.used_bytes() > JOURNAL_STORE_ABOVE_BYTES;
+                    let oldest_since = held.waiting.first_key_value().map(|(_, key)| {
+                        match held.objects[key].state {
+                            HeldState::Journaled { since, .. } => since,
+                            _ => unreachable!("waiting objects are journaled"),
+                        }
+                    });
+                    let store_after = std::time::Duration::from_secs(JOURNAL_STORE_AFTER_S);
+                    match oldest_since {
+                        None if held.stopping => return,
+                        None => self.wake.wait(&mut held),
+                        Some(_) if due => break,
+                        Some(since) if since.elapsed() >= store_after => break,
+                        Some(since) => {
+                            self.wake.wait_until(&mut held, since + store_after);
+                        }
+                    }
+                }
+                let mut batch = Vec::new();
+                while batch.len() < STORE_BATCH_OBJECTS_MAX {
+                    let Some((_, key)) = held.waiting.pop_first() else {
+                        break;
+                    };
+                    let object = held
+                        .objects
+                        .get_mut(&key)
+                        .expect("waiting objects are held");
+                    let HeldState::Journaled { ticket, .. } =
+                        std::mem::replace(&mut object.state, HeldState::Storing)
+                    else {
+                        unreachable!("waiting objects are journaled")
+                    };
+                    batch.push((key, object.data.clone(), ticket));
+                }
+                batch
+            };
+            let objects: Vec<(&str, &[u8])> = batch
+                .iter()
+                .map(|(key, data, _)| (key.as_str(), &data[..]))
+                .collect();
+            while let Err(e) = store_files(&self.root, &objects) {
+                tracing::error!(error = %e, "cannot store journaled objects as files yet; retrying");
+                std::thread::sleep(std::time::Duration::from_millis(delay_ms));
+                delay_ms = (delay_ms * 2).min(1000);
             }
-            keys.push(key);
-        }
-        if let Some(e) = failed.map_or_else(|| journal.sync().err(), Some) {
-            // The records stay valid: a restart stores those objects again.
-            tracing::warn!(error = %e, "cannot clear released journal records");
-        }
-        let mut pending = pending.lock();
-        for key in keys {
-            pending.remove(&key);
+            delay_ms = 10;
+            let mut failed = None;
+            let mut keys = Vec::with_capacity(batch.len());
+            for (key, _, ticket) in batch {
+                if let Err(e) = self.journal.release(ticket) {
+                    failed = Some(e);
+                }
+                keys.push(key);
+            }
+            if let Some(e) = failed.map_or_else(|| self.journal.sync().err(), Some) {
+                // The records may stay valid: a restart stores those objects again.
+                tracing::warn!(error = %e, "cannot clear released journal records");
+            }
+            let mut held = self.held.lock();
+            for key in keys {
+                held.objects.remove(&key);
+            }
         }
     }
 }
@@ -502,7 +689,7 @@ impl Bucket for LocalBucket {
     async fn put(&self, key: &str, data: Bytes, mode: PutMode) -> Result<(), StoreError> {
         check_key(key)?;
         if let (PutMode::Create, Some(j)) = (mode, self.journaling.get()) {
-            if let Some(result) = j.put(&self.root, key, &data) {
+            if let Some(result) = j.put(key, &data) {
                 return result;
             }
         }
@@ -518,7 +705,7 @@ impl Bucket for LocalBucket {
 
     async fn get(&self, key: &str) -> Result<Bytes, StoreError> {
         check_key(key)?;
-        if let Some(data) = self.pending(key) {
+        if let Some(data) = self.held(key) {
             return Ok(data);
         }
         let path = self.path(key);
@@ -538,7 +725,7 @@ impl Bucket for LocalBucket {
                 "object {key}: ranged read {range:?} is beyond its end"
             ))
         };
-        if let Some(data) = self.pending(key) {
+        if let Some(data) = self.held(key) {
             if range.end > data.len() as u64 {
                 return Err(beyond());
             }
@@ -555,18 +742,10 @@ impl Bucket for LocalBucket {
 
     async fn delete(&self, key: &str) -> Result<(), StoreError> {
         check_key(key)?;
-        // An object still only in the journal is deleted once its file exists (within
-        // milliseconds); deleting it earlier would let the journal bring it back.
-        for _ in 0..JOURNALED_DELETE_WAIT_MS {
-            if self.pending(key).is_none() {
-                break;
+        if let Some(j) = self.journaling.get() {
+            if let Some(result) = j.delete(key).await {
+                return result;
             }
-            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
-        }
-        if self.pending(key).is_some() {
-            return Err(StoreError::Transient(format!(
-                "object {key} is still being written from the journal"
-            )));
         }
         self.open_files.lock().remove(key);
         let path = self.path(key);
@@ -587,9 +766,9 @@ impl Bucket for LocalBucket {
         let journaling =
             blocking(move || Journaling::start(&root).map_err(|e| io_error(JOURNAL_FILE, e)))
                 .await?;
-        if let Some(j) = journaling {
-            let _ = self.journaling.set(j);
-        }
+        let _ = self.journaling.set(journaling);
+        // What this process read of the journal before it became the writer is now in files.
+        self.journal_seen.lock().clear();
         Ok(())
     }
 
@@ -601,23 +780,9 @@ impl Bucket for LocalBucket {
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, StoreError> {
-        // Journaled objects are taken first: one whose file appears meanwhile is then listed
-        // from the directory, never missed.
-        let journaled: Vec<ObjectInfo> = self
-            .journaling
-            .get()
-            .map(|j| {
-                j.pending
-                    .lock()
-                    .iter()
-                    .filter(|(k, _)| k.starts_with(prefix))
-                    .map(|(k, d)| ObjectInfo {
-                        key: k.clone(),
-                        size_bytes: d.len() as u64,
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
+        // Journaled objects are taken first: one whose file appears meanwhile (and whose record
+        // is then cleared) is listed from the directory, never missed.
+        let journaled = self.journaled(prefix).await?;
         let root = self.root.clone();
         let prefix = prefix.to_string();
         let mut listed = journaled;
@@ -743,19 +908,19 @@ mod tests {
         drop(LocalBucket::open(&dir).unwrap());
         let path = dir.join(JOURNAL_FILE);
         {
-            // What a crash leaves: three records, the third torn, and a half-written file.
+            // What a crash leaves: three records, the third torn, and the second already stored
+            // as a file (the crash came before its record was cleared).
             let (j, recovered) = Journal::open(&path).unwrap();
             assert!(recovered.is_empty());
-            let direct = journal::open_direct(&path)
-                .unwrap()
-                .expect("ext4 does direct I/O");
             for (key, data) in [("log/1", "first"), ("log/2", "second"), ("log/3", "third")] {
-                j.append(&direct, key, data.as_bytes()).unwrap().unwrap();
+                j.append(key, data.as_bytes())
+                    .unwrap()
+                    .expect("ext4 does direct I/O");
             }
             let raw = OpenOptions::new().write(true).open(&path).unwrap();
             raw.write_all_at(b"X", 2 * 4096 + 40).unwrap();
             std::fs::create_dir_all(dir.join("log")).unwrap();
-            std::fs::write(dir.join("log/2"), "sec").unwrap();
+            std::fs::write(dir.join("log/2"), "second").unwrap();
         }
         let b = LocalBucket::open(&dir).unwrap();
         b.begin_writing().await.unwrap();
@@ -766,11 +931,15 @@ mod tests {
             Err(StoreError::NotFound("log/3".into())),
             "a torn record was never acknowledged"
         );
-        // Journaled from now on: readable and listed at once, refused a second time, and a
-        // file by the time the writer ends.
+        // Journaled from now on: readable and listed at once, refused a second time, not a file
+        // while young, and a file by the time the writer ends.
         b.put("log/4", Bytes::from_static(b"fourth"), PutMode::Create)
             .await
             .unwrap();
+        assert!(
+            !dir.join("log/4").exists(),
+            "young objects stay in the journal"
+        );
         assert_eq!(&b.get("log/4").await.unwrap()[..], b"fourth");
         assert_eq!(&b.get_range("log/4", 1..3).await.unwrap()[..], b"ou");
         assert_eq!(
@@ -786,8 +955,21 @@ mod tests {
             .map(|o| o.key)
             .collect();
         assert_eq!(keys, ["log/1", "log/2", "log/4"]);
+        // Deleted while only journaled: gone at once, and never a file, now or after a crash.
+        b.put("log/5", Bytes::from_static(b"fifth"), PutMode::Create)
+            .await
+            .unwrap();
+        b.delete("log/5").await.unwrap();
+        assert_eq!(
+            b.get("log/5").await,
+            Err(StoreError::NotFound("log/5".into()))
+        );
+        let (_, in_journal) = Journal::open(&path).unwrap();
+        let keys: Vec<&str> = in_journal.iter().map(|r| r.key.as_str()).collect();
+        assert_eq!(keys, ["log/4"], "a crash now brings back log/4, not log/5");
         b.end_writing().await.unwrap();
         assert_eq!(std::fs::read(dir.join("log/4")).unwrap(), b"fourth");
+        assert!(!dir.join("log/5").exists());
         drop(b);
         let (_, left) = Journal::open(&path).unwrap();
         assert!(left.is_empty(), "every record was released");
