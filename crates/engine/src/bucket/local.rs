@@ -902,6 +902,37 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_journal_of_another_size_is_still_replayed() {
+        let dir = std::env::temp_dir().join(format!("bucketfs-resize-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        drop(LocalBucket::open(&dir).unwrap());
+        let path = dir.join(JOURNAL_FILE);
+        {
+            let (j, _) = Journal::open(&path).unwrap();
+            j.append("log/1", b"first")
+                .unwrap()
+                .expect("ext4 does direct I/O");
+        }
+        // What an older version, with a smaller journal, leaves after a crash.
+        OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(1024 * 1024)
+            .unwrap();
+        let b = LocalBucket::open(&dir).unwrap();
+        b.begin_writing().await.unwrap();
+        assert_eq!(std::fs::read(dir.join("log/1")).unwrap(), b"first");
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().len(),
+            journal::JOURNAL_BYTES,
+            "recreated at the current size"
+        );
+        b.end_writing().await.unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[tokio::test]
     async fn journaled_objects_survive_a_crash_before_their_files_exist() {
         let dir = std::env::temp_dir().join(format!("bucketfs-journal-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
