@@ -299,6 +299,7 @@ impl Journaling {
     /// Stores the objects a crash left only in the journal as files, then starts journaling
     /// (unless the file system cannot do direct I/O: objects are then written as files).
     fn start(root: &Path) -> std::io::Result<Journaling> {
+        remove_dead_staging_files(root);
         let path = root.join(JOURNAL_FILE);
         let (journal, records) = Journal::open(&path)?;
         if !records.is_empty() {
@@ -592,6 +593,25 @@ fn store_files(root: &Path, objects: &[(&str, &[u8])]) -> std::io::Result<()> {
         let _ = std::fs::remove_file(staging);
     }
     result
+}
+
+/// Removes the staging files that processes which are gone left behind (a crash between
+/// writing a file and publishing it); their objects are in the journal or were never
+/// acknowledged. Files of live processes (named `<pid>-<n>`) are left alone.
+fn remove_dead_staging_files(root: &Path) {
+    let Ok(entries) = std::fs::read_dir(root.join(STAGING_DIR)) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let pid = name.to_str().and_then(|n| n.split('-').next());
+        let alive = pid.is_some_and(|pid| Path::new("/proc").join(pid).exists());
+        if !alive {
+            if let Err(e) = std::fs::remove_file(entry.path()) {
+                tracing::warn!(file = %entry.path().display(), error = %e, "cannot remove a leftover staging file");
+            }
+        }
+    }
 }
 
 /// A fresh name in the staging directory, unique even with several buckets open on one
@@ -952,9 +972,23 @@ mod tests {
             raw.write_all_at(b"X", 2 * 4096 + 40).unwrap();
             std::fs::create_dir_all(dir.join("log")).unwrap();
             std::fs::write(dir.join("log/2"), "second").unwrap();
+            // A staging file of a process that is gone (pids never reach u32::MAX), and one of
+            // a live process (this one).
+            std::fs::write(dir.join(STAGING_DIR).join(format!("{}-0", u32::MAX)), "x").unwrap();
+            std::fs::write(
+                dir.join(STAGING_DIR)
+                    .join(format!("{}-999999", std::process::id())),
+                "y",
+            )
+            .unwrap();
         }
         let b = LocalBucket::open(&dir).unwrap();
         b.begin_writing().await.unwrap();
+        let staged: Vec<String> = std::fs::read_dir(dir.join(STAGING_DIR))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+            .collect();
+        assert_eq!(staged, [format!("{}-999999", std::process::id())]);
         assert_eq!(std::fs::read(dir.join("log/1")).unwrap(), b"first");
         assert_eq!(std::fs::read(dir.join("log/2")).unwrap(), b"second");
         assert_eq!(
