@@ -6,6 +6,9 @@ use bucketfs_engine::bucket::{
 use bucketfs_engine::limits::EXTENT_SIZE_BYTES;
 use bucketfs_engine::{Engine, EngineError, EngineOptions, Fill, KeyError, KvChange};
 use proptest::prelude::*;
+
+mod common;
+use common::flush_past_a_checkpoint;
 use std::sync::Arc;
 
 struct World {
@@ -273,21 +276,7 @@ async fn key_value_changes_are_atomic_and_survive_reopen() {
 async fn checkpoints_bound_replay_and_dead_log_objects_are_deleted() {
     let w = world();
     let e = open(&w).await;
-    let n = bucketfs_engine::limits::LOG_OBJECTS_PER_CHECKPOINT + 10;
-    for i in 0..n {
-        let d = pattern(i as u8, 4096);
-        e.write(1, (i % 3) * 4096, 4096, Fill::Data(&d))
-            .await
-            .unwrap();
-        e.flush().await.unwrap();
-    }
-    // Let the background checkpoint and collection finish.
-    for _ in 0..200 {
-        if e.stats().log_objects_deleted > n / 2 {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    let n = flush_past_a_checkpoint(&e, 3).await;
     let stats = e.stats();
     assert_eq!(stats.checkpoints_written, 1);
     assert!(stats.log_objects_deleted > n / 2, "{stats:?}");

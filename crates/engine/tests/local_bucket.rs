@@ -3,8 +3,10 @@
 //! see a whole, consistent state.
 
 use bucketfs_engine::bucket::{open_url, SharedBucket};
-use bucketfs_engine::limits::LOG_OBJECTS_PER_CHECKPOINT;
-use bucketfs_engine::{Engine, EngineOptions, Fill};
+use bucketfs_engine::{Engine, EngineOptions};
+
+mod common;
+use common::flush_past_a_checkpoint;
 
 fn bucket(dir: &std::path::Path) -> SharedBucket {
     open_url(&format!("file://{}", dir.display()), &Vec::new()).unwrap()
@@ -18,21 +20,7 @@ async fn a_reader_beside_the_writer_sees_what_is_only_in_the_journal() {
         .await
         .unwrap();
     // Enough flushes for a checkpoint, which collects most log objects before they are files.
-    let n = LOG_OBJECTS_PER_CHECKPOINT + 10;
-    for i in 0..n {
-        let block: Vec<u8> = (0..4096).map(|b| (i as usize * 7 + b) as u8).collect();
-        e.write(1, (i % 5) * 4096, 4096, Fill::Data(&block))
-            .await
-            .unwrap();
-        e.flush().await.unwrap();
-    }
-    for _ in 0..200 {
-        if e.stats().log_objects_deleted > n / 2 {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    assert!(e.stats().log_objects_deleted > n / 2, "{:?}", e.stats());
+    flush_past_a_checkpoint(&e, 5).await;
     let files = std::fs::read_dir(dir.join("log")).map_or(0, |d| d.count());
     assert!(
         files < 10,

@@ -571,9 +571,13 @@ fn store_files(root: &Path, objects: &[(&str, &[u8])]) -> std::io::Result<()> {
             }
             match rename_no_replace(staging, &path) {
                 Ok(()) => {}
-                // Stored already (an earlier attempt of this batch got this far).
+                // Stored already (an earlier attempt of this batch, or of a replay, got this
+                // far): the staged copy is not needed.
                 Err(e) if e.kind() == ErrorKind::AlreadyExists
-                    && std::fs::read(&path)? == *data => {}
+                    && std::fs::read(&path)? == *data =>
+                {
+                    std::fs::remove_file(staging)?
+                }
                 Err(e) if e.kind() == ErrorKind::AlreadyExists => {
                     return Err(std::io::Error::new(
                         ErrorKind::AlreadyExists,
@@ -588,9 +592,11 @@ fn store_files(root: &Path, objects: &[(&str, &[u8])]) -> std::io::Result<()> {
         }
         Ok(())
     })();
-    for (staging, _) in &staged {
-        // Gone after a rename; left over only after a failure.
-        let _ = std::fs::remove_file(staging);
+    if result.is_err() {
+        // Renamed files are gone from the staging directory; the others are left over.
+        for (staging, _) in &staged {
+            let _ = std::fs::remove_file(staging);
+        }
     }
     result
 }
