@@ -42,6 +42,8 @@ const MAGIC: &[u8; 8] = b"BFSJRN01";
 const KEY_BYTES_MAX: usize = 1024;
 const RECORD_BYTES_MAX: usize =
     (HEADER_BYTES + KEY_BYTES_MAX + JOURNAL_OBJECT_BYTES_MAX).next_multiple_of(BLOCK_BYTES);
+/// Record buffers kept for reuse: one per append in flight (UPLOADS_IN_FLIGHT_MAX) and a few.
+const SPARE_BUFFERS_MAX: usize = 8;
 const _: () = assert!(JOURNAL_BYTES.is_multiple_of(BLOCK_BYTES as u64));
 const _: () = assert!(JOURNAL_BYTES >= 8 * RECORD_BYTES_MAX as u64);
 
@@ -83,6 +85,13 @@ impl Ring {
     fn tail(&self) -> u64 {
         self.live.front().map_or(self.head, |s| s.start)
     }
+
+    /// Where the live record `record` is in `live` (ordered by record number).
+    fn slot(&self, record: u64) -> usize {
+        self.live
+            .binary_search_by_key(&record, |s| s.record)
+            .expect("a ticket names a live record")
+    }
 }
 
 #[derive(Debug)]
@@ -94,6 +103,11 @@ pub struct Journal {
     ring: Mutex<Ring>,
     syncs: Mutex<Syncs>,
     synced: Condvar,
+    /// Record buffers of RECORD_BYTES_MAX, reused: a fresh one per append was a page fault
+    /// (and the kernel zeroing a huge page) every few appends on the fsync path (perf).
+    spare_buffers: Mutex<Vec<Vec<u8>>>,
+    /// One zeroed block, aligned: what `release` writes over a header.
+    zero_block: Vec<u8>,
 }
 
 #[derive(Debug)]
@@ -115,9 +129,15 @@ fn crc(record: &[u8]) -> u64 {
 /// A zeroed buffer of at least `len` bytes whose start is block-aligned, as direct I/O needs.
 fn aligned(len: usize) -> (Vec<u8>, usize) {
     let buf = vec![0u8; len + BLOCK_BYTES];
+    let skew = block_skew(&buf);
+    (buf, skew)
+}
+
+/// Where the first block-aligned byte of `buf` is (it must have a block to spare).
+fn block_skew(buf: &[u8]) -> usize {
     let skew = buf.as_ptr().align_offset(BLOCK_BYTES);
     assert!(skew < BLOCK_BYTES, "a byte pointer can always be aligned");
-    (buf, skew)
+    skew
 }
 
 impl Journal {
@@ -141,6 +161,8 @@ impl Journal {
             ring: Mutex::default(),
             syncs: Mutex::default(),
             synced: Condvar::new(),
+            spare_buffers: Mutex::default(),
+            zero_block: vec![0u8; 2 * BLOCK_BYTES],
         };
         // A journal of the right size without records needs nothing: every block was written
         // when it was created, and nothing in it is valid.
@@ -195,17 +217,32 @@ impl Journal {
             });
             (record, start)
         };
-        let (mut buf, skew) = aligned(len);
+        let mut buf = self
+            .spare_buffers
+            .lock()
+            .pop()
+            .unwrap_or_else(|| vec![0u8; RECORD_BYTES_MAX + BLOCK_BYTES]);
+        let skew = block_skew(&buf);
         let out = &mut buf[skew..skew + len];
+        let data_end = HEADER_BYTES + key.len() + data.len();
         out[..8].copy_from_slice(MAGIC);
         out[8..16].copy_from_slice(&record.to_le_bytes());
         out[16..20].copy_from_slice(&(data.len() as u32).to_le_bytes());
         out[20..22].copy_from_slice(&(key.len() as u16).to_le_bytes());
+        out[22..24].fill(0);
         out[HEADER_BYTES..HEADER_BYTES + key.len()].copy_from_slice(key.as_bytes());
-        out[HEADER_BYTES + key.len()..HEADER_BYTES + key.len() + data.len()].copy_from_slice(data);
+        out[HEADER_BYTES + key.len()..data_end].copy_from_slice(data);
+        // A reused buffer holds an earlier record's bytes here.
+        out[data_end..].fill(0);
         let sum = crc(out);
         out[24..32].copy_from_slice(&sum.to_le_bytes());
         let written = direct.append.write_all_at(out, start % JOURNAL_BYTES);
+        {
+            let mut spare = self.spare_buffers.lock();
+            if spare.len() < SPARE_BUFFERS_MAX {
+                spare.push(buf);
+            }
+        }
         if let Err(e) = written {
             // Never acknowledged: give the space back as if the object had been stored.
             self.release(Ticket { record })?;
@@ -221,27 +258,22 @@ impl Journal {
     pub fn release(&self, ticket: Ticket) -> std::io::Result<()> {
         let start = {
             let ring = self.ring.lock();
-            let slot = ring
-                .live
-                .iter()
-                .find(|s| s.record == ticket.record)
-                .expect("a ticket names a live record");
-            slot.start
+            ring.live[ring.slot(ticket.record)].start
         };
         let direct = self
             .direct
             .as_ref()
             .expect("tickets are only issued with direct I/O");
-        let (buf, skew) = aligned(BLOCK_BYTES);
+        let skew = block_skew(&self.zero_block);
         // Only after this write has returned may the space be given to a new record: a zeroing
         // write still in flight would otherwise land on it.
-        let zeroed = direct
-            .clear
-            .write_all_at(&buf[skew..skew + BLOCK_BYTES], start % JOURNAL_BYTES);
+        let zeroed = direct.clear.write_all_at(
+            &self.zero_block[skew..skew + BLOCK_BYTES],
+            start % JOURNAL_BYTES,
+        );
         let mut ring = self.ring.lock();
-        if let Some(slot) = ring.live.iter_mut().find(|s| s.record == ticket.record) {
-            slot.released = true;
-        }
+        let at = ring.slot(ticket.record);
+        ring.live[at].released = true;
         while ring.live.front().is_some_and(|s| s.released) {
             ring.live.pop_front();
         }
