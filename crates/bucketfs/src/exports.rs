@@ -92,9 +92,9 @@ impl Export for BlockDevice {
             .map_err(to_export_error)
     }
 
-    async fn write(&self, offset: u64, data: Bytes, fua: bool) -> Result<(), ExportError> {
+    async fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), ExportError> {
         self.fs
-            .write(self.ino, offset, &data)
+            .write(self.ino, offset, data)
             .await
             .map_err(to_export_error)?;
         self.after_write(fua).await

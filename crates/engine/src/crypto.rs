@@ -186,15 +186,25 @@ impl Sealer {
     /// Writes `nonce || ciphertext || tag` at the start of `out` and returns its length,
     /// encrypting in place (no temporary copy: this runs over every byte written).
     pub fn seal_to_slice(&self, out: &mut [u8], aad: &[u8], plaintext: &[u8]) -> usize {
-        let len = Self::sealed_len(plaintext.len());
+        assert!(
+            out.len() >= Self::sealed_len(plaintext.len()),
+            "the caller sizes the output for the sealed bytes"
+        );
+        out[NONCE_BYTES..NONCE_BYTES + plaintext.len()].copy_from_slice(plaintext);
+        self.seal_in_place(out, aad, plaintext.len())
+    }
+
+    /// Seals the `plain_len` bytes that the caller put at `out[NONCE_BYTES..]`: writes the nonce
+    /// before them and the tag after them, and returns the sealed length (as `seal_to_slice`).
+    pub fn seal_in_place(&self, out: &mut [u8], aad: &[u8], plain_len: usize) -> usize {
+        let len = Self::sealed_len(plain_len);
         assert!(
             out.len() >= len,
             "the caller sizes the output for the sealed bytes"
         );
         let (nonce, rest) = out.split_at_mut(NONCE_BYTES);
         nonce.copy_from_slice(&random::<NONCE_BYTES>());
-        let (body, rest) = rest.split_at_mut(plaintext.len());
-        body.copy_from_slice(plaintext);
+        let (body, rest) = rest.split_at_mut(plain_len);
         let tag = self
             .cipher
             .encrypt_in_place_detached(XNonce::from_slice(nonce), aad, body)

@@ -10,6 +10,7 @@
 use crate::bucket::{PutMode, SharedBucket, StoreError};
 use crate::cache::DiskCache;
 use crate::crypto::{KeyError, Sealer, Superblock};
+use crate::extent_buffers::ExtentBuffers;
 use crate::frame::{self, Codec, FRAME_BYTES_MAX};
 use crate::lease::{self, LeaseError, LockHolder};
 use crate::limits::*;
@@ -284,6 +285,7 @@ struct Inner {
     lock_holder: Option<LockHolder>,
     checkpoint_running: AtomicBool,
     object_buffers: Arc<ObjectBuffers>,
+    extent_buffers: ExtentBuffers,
     background_flush: AtomicBool,
     /// The last upload failed (its object is still queued).
     upload_failing: AtomicBool,
@@ -545,6 +547,7 @@ impl Engine {
                 lock_holder,
                 checkpoint_running: AtomicBool::new(false),
                 object_buffers: Arc::default(),
+                extent_buffers: ExtentBuffers::default(),
                 background_flush: AtomicBool::new(false),
                 upload_failing: AtomicBool::new(false),
                 committed_notify: tokio::sync::Notify::new(),
@@ -674,8 +677,11 @@ impl Engine {
                 .filter_map(|index| {
                     let (start, end) = extent_span(index, offset, length);
                     let at = (index * EXTENT_SIZE_BYTES_U64 - offset) as usize;
-                    (start == 0 && end == EXTENT_SIZE_BYTES)
-                        .then(|| Arc::new(d[at..at + EXTENT_SIZE_BYTES].to_vec()))
+                    (start == 0 && end == EXTENT_SIZE_BYTES).then(|| {
+                        self.inner
+                            .extent_buffers
+                            .copy_of(&d[at..at + EXTENT_SIZE_BYTES])
+                    })
                 })
                 .collect(),
             Fill::Zeroes { .. } => Vec::new(),
@@ -1393,6 +1399,7 @@ impl Engine {
     /// Makes an uploaded log object the committed state.
     fn commit(&self, ctl: &mut UploadCtl, sealed: &Sealed) {
         let (seq, object) = (sealed.seq, &sealed.object);
+        let mut evicted = Vec::new();
         let snapshot = {
             let mut st = self.inner.state.lock();
             let batch = st
@@ -1409,7 +1416,9 @@ impl Engine {
             for ((ino, index), d) in &batch.extents {
                 match d {
                     Dirty::Data(buf) => {
-                        st.clean.put((*ino, *index), buf.clone());
+                        if let Some((_, old)) = st.clean.push((*ino, *index), buf.clone()) {
+                            evicted.push(old);
+                        }
                     }
                     Dirty::Hole => {
                         st.clean.pop(&(*ino, *index));
@@ -1426,6 +1435,8 @@ impl Engine {
             (due && !self.inner.checkpoint_running.swap(true, Ordering::AcqRel))
                 .then(|| st.committed.clone())
         };
+        // Outside the lock, and after the batch is gone (it may hold some of the same extents).
+        self.inner.extent_buffers.give_back(evicted);
         ctl.known_logs.insert(seq);
         self.inner
             .counters

@@ -7,6 +7,7 @@ pub mod bucket;
 mod cache;
 mod crypto;
 mod engine;
+mod extent_buffers;
 mod frame;
 mod lease;
 pub mod limits;

@@ -30,6 +30,10 @@ pub const READ_ONLY_OPEN_ATTEMPTS: u32 = 5;
 /// DIRTY_BYTES_MAX), so this bounds the memory kept idle.
 pub const OBJECT_BUFFERS_KEPT: usize = UPLOADS_IN_FLIGHT_MAX + 2;
 
+/// Buffers of evicted extents kept for reuse by writes (extent_buffers.rs): 32 MiB, more than
+/// one log object of a write-heavy flush evicts at once.
+pub const EXTENT_BUFFERS_KEPT: usize = 4096;
+
 /// Flushes of at most this many extents are sealed on the calling task rather than on a
 /// blocking thread (about 10 microseconds per extent, below the cost of the thread hop).
 pub const INLINE_SEAL_EXTENTS_MAX: usize = 16;

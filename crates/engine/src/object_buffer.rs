@@ -19,7 +19,12 @@ pub struct ObjectBuffers {
 impl ObjectBuffers {
     /// A buffer with room for at least `room_bytes`.
     pub fn take(self: &Arc<Self>, room_bytes: usize) -> ObjectBuffer {
-        let buf = self.free.lock().pop().unwrap_or_default();
+        // The largest kept buffer: growing a smaller one moves it to fresh memory.
+        let buf = {
+            let mut free = self.free.lock();
+            let largest = (0..free.len()).max_by_key(|&i| free[i].len());
+            largest.map(|i| free.swap_remove(i)).unwrap_or_default()
+        };
         let mut buffer = ObjectBuffer {
             buf,
             len: 0,

@@ -55,7 +55,7 @@ pub trait Export: Send + Sync + 'static {
     fn read_only(&self) -> bool;
     async fn read(&self, offset: u64, length: u32) -> Result<Bytes, ExportError>;
     /// With `fua`, returns only after this write (and every write acknowledged before) is durable.
-    async fn write(&self, offset: u64, data: Bytes, fua: bool) -> Result<(), ExportError>;
+    async fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), ExportError>;
     /// Returns only after every write completed before the call is durable, whatever the
     /// connection it arrived on.
     async fn flush(&self) -> Result<(), ExportError>;

@@ -127,7 +127,7 @@ impl Export for MemExport {
         ))
     }
 
-    async fn write(&self, offset: u64, data: Bytes, fua: bool) -> Result<(), ExportError> {
+    async fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), ExportError> {
         assert!(
             !self.read_only,
             "the server let a write through to a read-only export"
@@ -135,7 +135,7 @@ impl Export for MemExport {
         if fua {
             self.fua_writes.fetch_add(1, Ordering::SeqCst);
         }
-        store(&mut self.state(), offset, &data);
+        store(&mut self.state(), offset, data);
         Ok(())
     }
 
