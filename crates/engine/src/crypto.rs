@@ -5,7 +5,7 @@
 //! password rewraps the data key; no data is re-encrypted.
 
 use crate::limits::{ARGON2_MEMORY_KIB, ARGON2_PASSES, EXTENT_SIZE_BYTES};
-use chacha20poly1305::aead::{Aead, AeadInPlace, KeyInit, Payload};
+use chacha20poly1305::aead::{Aead, AeadInOut, KeyInit, Payload};
 use chacha20poly1305::{XChaCha20Poly1305, XNonce};
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
@@ -76,7 +76,7 @@ impl Superblock {
         let nonce = random::<NONCE_BYTES>();
         let wrapped = XChaCha20Poly1305::new((&kek).into())
             .encrypt(
-                XNonce::from_slice(&nonce),
+                &XNonce::from(nonce),
                 Payload {
                     msg: &key.0,
                     aad: WRAP_AAD,
@@ -116,15 +116,12 @@ impl Superblock {
         let salt = unhex("kdf_salt_hex", &self.kdf_salt_hex)?;
         let nonce = unhex("wrapped_key_nonce_hex", &self.wrapped_key_nonce_hex)?;
         let wrapped = unhex("wrapped_key_hex", &self.wrapped_key_hex)?;
-        if nonce.len() != NONCE_BYTES {
-            return Err(KeyError::Damaged(
-                "wrapped key nonce has the wrong length".into(),
-            ));
-        }
+        let nonce = XNonce::try_from(nonce.as_slice())
+            .map_err(|_| KeyError::Damaged("wrapped key nonce has the wrong length".into()))?;
         let kek = derive_kek(password, &salt, self.kdf_memory_kib, self.kdf_passes)?;
         let key = XChaCha20Poly1305::new((&kek).into())
             .decrypt(
-                XNonce::from_slice(&nonce),
+                &nonce,
                 Payload {
                     msg: &wrapped,
                     aad: WRAP_AAD,
@@ -207,7 +204,11 @@ impl Sealer {
         let (body, rest) = rest.split_at_mut(plain_len);
         let tag = self
             .cipher
-            .encrypt_in_place_detached(XNonce::from_slice(nonce), aad, body)
+            .encrypt_inout_detached(
+                &XNonce::try_from(&*nonce).expect("24 bytes"),
+                aad,
+                body.into(),
+            )
             .expect("XChaCha20-Poly1305 encryption cannot fail for inputs below 256 GiB");
         rest[..TAG_BYTES].copy_from_slice(&tag);
         len
@@ -233,7 +234,10 @@ impl Sealer {
         }
         let (nonce, ct) = sealed.split_at(NONCE_BYTES);
         self.cipher
-            .decrypt(XNonce::from_slice(nonce), Payload { msg: ct, aad })
+            .decrypt(
+                &XNonce::try_from(nonce).expect("24 bytes"),
+                Payload { msg: ct, aad },
+            )
             .map_err(|_| OpenError)
     }
 }
@@ -251,6 +255,25 @@ mod tests {
         let sb2 = sb.rewrap("right", "new").unwrap();
         assert_eq!(sb2.unlock("new").unwrap().0, key.0);
         assert_eq!(sb2.unlock("right").err(), Some(KeyError::WrongPassword));
+    }
+
+    /// Pins the sealed format: bytes sealed by an earlier build (chacha20poly1305 0.10, before
+    /// the AVX-512 backend) open unchanged, so a crate upgrade cannot silently change it.
+    #[test]
+    fn bytes_sealed_by_earlier_builds_still_open() {
+        let sealer = Sealer::new(&DataKey([0x42; 32]));
+        let mut sealed: Vec<u8> = (0u8..24).collect();
+        sealed.extend(
+            hex::decode(
+                "ee89e78ca2d5a1b3d215c1276e5d9a9eb3a07fdff0836acbc732ffe4e6fb1e9b\
+                 3c1e0d9ff1b92944f19c827a587281eaa649e3b1af8bc3",
+            )
+            .unwrap(),
+        );
+        assert_eq!(
+            sealer.open(b"log/00000000000000000001", &sealed).unwrap(),
+            b"bucketfs sealed bytes, format version 1"
+        );
     }
 
     #[test]
