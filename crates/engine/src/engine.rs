@@ -284,6 +284,8 @@ struct Inner {
     disk_cache: Option<DiskCache>,
     lock_holder: Option<LockHolder>,
     checkpoint_running: AtomicBool,
+    /// Buffers of the checkpoint being encoded (one at a time: see `checkpoint_running`).
+    checkpoint_scratch: Mutex<logobj::CheckpointScratch>,
     object_buffers: Arc<ObjectBuffers>,
     extent_buffers: ExtentBuffers,
     background_flush: AtomicBool,
@@ -546,6 +548,7 @@ impl Engine {
                 disk_cache,
                 lock_holder,
                 checkpoint_running: AtomicBool::new(false),
+                checkpoint_scratch: Mutex::default(),
                 object_buffers: Arc::default(),
                 extent_buffers: ExtentBuffers::default(),
                 background_flush: AtomicBool::new(false),
@@ -1430,7 +1433,9 @@ impl Engine {
                 .durable_gen
                 .fetch_max(batch.gen, Ordering::AcqRel);
             ctl.log_bytes_since_checkpoint += object.len() as u64;
-            let due = seq >= ctl.checkpoint_seq + LOG_OBJECTS_PER_CHECKPOINT
+            let due = seq
+                >= ctl.checkpoint_seq
+                    + log_objects_per_checkpoint(st.committed.extent_count() as u64)
                 || ctl.log_bytes_since_checkpoint >= LOG_BYTES_PER_CHECKPOINT;
             (due && !self.inner.checkpoint_running.swap(true, Ordering::AcqRel))
                 .then(|| st.committed.clone())
@@ -1482,7 +1487,8 @@ impl Engine {
     ) -> Result<(), EngineError> {
         let engine = self.clone();
         let object = tokio::task::spawn_blocking(move || {
-            logobj::encode_checkpoint(&engine.inner.sealer, seq, &state.to_ops())
+            let mut scratch = engine.inner.checkpoint_scratch.lock();
+            logobj::encode_checkpoint(&engine.inner.sealer, seq, &state, &mut scratch)
         })
         .await
         .expect("encoding does not panic");

@@ -6,11 +6,13 @@
 //!   opening a bucket replays only the log objects after it.
 
 use crate::crypto::Sealer;
-use crate::meta::{decode_ops, encode_ops, MetaOp};
+use crate::meta::{decode_ops, encode_ops, MetaOp, MetaState};
 
 const LOG_MAGIC: &[u8; 8] = b"BFSLOG01";
 const LOG_END_MAGIC: &[u8; 8] = b"BFSEND01";
 const CHECKPOINT_MAGIC: &[u8; 8] = b"BFSCKP01";
+/// Checkpoints are written in the background, rarely: a slower, tighter zstd level than frames.
+const CHECKPOINT_ZSTD_LEVEL: i32 = 3;
 pub const LOG_HEADER_BYTES: usize = 16;
 /// meta offset (8) || meta length (8) || end magic (8)
 pub const LOG_TRAILER_BYTES: u64 = 24;
@@ -114,21 +116,55 @@ fn checkpoint_aad(seq: u64, plain_len: u64) -> Vec<u8> {
     a
 }
 
-pub fn encode_checkpoint(sealer: &Sealer, seq: u64, ops: &[MetaOp]) -> Vec<u8> {
-    let mut plain = Vec::new();
-    encode_ops(ops, &mut plain);
-    let compressed = zstd::bulk::compress(&plain, 3)
-        .expect("zstd compression of an in-memory buffer cannot fail");
-    let mut buf = Vec::with_capacity(compressed.len() + 64);
+/// Encodes, compresses and seals a checkpoint of `state` as of log object `seq`. The scratch
+/// buffers are reused from one checkpoint to the next (a checkpoint of a large map is megabytes,
+/// which fresh memory would have the kernel fault in and zero every time).
+pub fn encode_checkpoint(
+    sealer: &Sealer,
+    seq: u64,
+    state: &MetaState,
+    scratch: &mut CheckpointScratch,
+) -> Vec<u8> {
+    let CheckpointScratch {
+        plain,
+        compressed,
+        compressor,
+    } = scratch;
+    plain.clear();
+    state.encode_as_ops(plain);
+    compressed.clear();
+    compressed.reserve(zstd::zstd_safe::compress_bound(plain.len()));
+    compressor
+        .compress_to_buffer(plain.as_slice(), compressed)
+        .expect("the buffer holds zstd's bound for this input");
+    let mut buf = Vec::with_capacity(24 + Sealer::sealed_len(compressed.len()));
     buf.extend_from_slice(CHECKPOINT_MAGIC);
     buf.extend_from_slice(&seq.to_le_bytes());
     buf.extend_from_slice(&(plain.len() as u64).to_le_bytes());
     sealer.seal_into(
         &mut buf,
         &checkpoint_aad(seq, plain.len() as u64),
-        &compressed,
+        compressed,
     );
     buf
+}
+
+/// Buffers and compression context `encode_checkpoint` reuses.
+pub struct CheckpointScratch {
+    plain: Vec<u8>,
+    compressed: Vec<u8>,
+    compressor: zstd::bulk::Compressor<'static>,
+}
+
+impl Default for CheckpointScratch {
+    fn default() -> Self {
+        Self {
+            plain: Vec::new(),
+            compressed: Vec::new(),
+            compressor: zstd::bulk::Compressor::new(CHECKPOINT_ZSTD_LEVEL)
+                .expect("zstd accepts this level"),
+        }
+    }
 }
 
 pub fn decode_checkpoint(

@@ -49,31 +49,40 @@ const TAG_EXTENT_CLEAR: u8 = 4;
 pub fn encode_ops(ops: &[MetaOp], out: &mut Vec<u8>) {
     out.extend_from_slice(&(ops.len() as u64).to_le_bytes());
     for op in ops {
-        match op {
-            MetaOp::KvPut { key, value } => {
-                out.push(TAG_KV_PUT);
-                put_bytes(out, key);
-                put_bytes(out, value);
-            }
-            MetaOp::KvDelete { key } => {
-                out.push(TAG_KV_DELETE);
-                put_bytes(out, key);
-            }
-            MetaOp::ExtentSet { ino, index, ptr } => {
-                out.push(TAG_EXTENT_SET);
-                out.extend_from_slice(&ino.to_le_bytes());
-                out.extend_from_slice(&index.to_le_bytes());
-                out.extend_from_slice(&ptr.seq.to_le_bytes());
-                out.extend_from_slice(&ptr.offset.to_le_bytes());
-                out.extend_from_slice(&ptr.length.to_le_bytes());
-            }
-            MetaOp::ExtentClear { ino, index } => {
-                out.push(TAG_EXTENT_CLEAR);
-                out.extend_from_slice(&ino.to_le_bytes());
-                out.extend_from_slice(&index.to_le_bytes());
-            }
+        encode_op(op, out);
+    }
+}
+
+/// Encoded bytes of an `ExtentSet` op: tag, ino, index, seq, offset, length.
+const EXTENT_SET_BYTES: usize = 1 + 8 + 8 + 8 + 4 + 4;
+
+fn encode_op(op: &MetaOp, out: &mut Vec<u8>) {
+    match op {
+        MetaOp::KvPut { key, value } => encode_kv_put(key, value, out),
+        MetaOp::KvDelete { key } => {
+            out.push(TAG_KV_DELETE);
+            put_bytes(out, key);
+        }
+        MetaOp::ExtentSet { ino, index, ptr } => {
+            out.push(TAG_EXTENT_SET);
+            out.extend_from_slice(&ino.to_le_bytes());
+            out.extend_from_slice(&index.to_le_bytes());
+            out.extend_from_slice(&ptr.seq.to_le_bytes());
+            out.extend_from_slice(&ptr.offset.to_le_bytes());
+            out.extend_from_slice(&ptr.length.to_le_bytes());
+        }
+        MetaOp::ExtentClear { ino, index } => {
+            out.push(TAG_EXTENT_CLEAR);
+            out.extend_from_slice(&ino.to_le_bytes());
+            out.extend_from_slice(&index.to_le_bytes());
         }
     }
+}
+
+fn encode_kv_put(key: &[u8], value: &[u8], out: &mut Vec<u8>) {
+    out.push(TAG_KV_PUT);
+    put_bytes(out, key);
+    put_bytes(out, value);
 }
 
 fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
@@ -249,25 +258,33 @@ impl MetaState {
         self.extents.values().map(|m| m.len()).sum()
     }
 
-    /// The whole state as ops that rebuild it from empty (the body of a checkpoint).
-    pub fn to_ops(&self) -> Vec<MetaOp> {
-        let mut ops = Vec::with_capacity(self.kv.len() + self.extent_count());
-        ops.extend(self.kv.iter().map(|(k, v)| MetaOp::KvPut {
-            key: k.clone(),
-            value: v.clone(),
-        }));
+    /// Appends the whole state, encoded as the ops that rebuild it from empty (as `encode_ops`
+    /// writes them): the body of a checkpoint. Encodes straight from the map, without a list
+    /// of ops in between; `out` is reused from checkpoint to checkpoint.
+    pub fn encode_as_ops(&self, out: &mut Vec<u8>) {
+        let extents = self.extent_count();
+        let kv_bytes: usize = self
+            .kv
+            .iter()
+            .map(|(k, v)| 1 + 4 + k.len() + 4 + v.len())
+            .sum();
+        out.reserve(8 + kv_bytes + extents * EXTENT_SET_BYTES);
+        out.extend_from_slice(&((self.kv.len() + extents) as u64).to_le_bytes());
+        for (key, value) in &self.kv {
+            encode_kv_put(key, value, out);
+        }
         let mut inos: Vec<_> = self.extents.keys().copied().collect();
         inos.sort_unstable();
         for ino in inos {
             for (index, ptr) in &self.extents[&ino] {
-                ops.push(MetaOp::ExtentSet {
+                let op = MetaOp::ExtentSet {
                     ino,
                     index: *index,
                     ptr: *ptr,
-                });
+                };
+                encode_op(&op, out);
             }
         }
-        ops
     }
 }
 
@@ -333,10 +350,17 @@ mod tests {
         m.apply(&MetaOp::ExtentClear { ino: 1, index: 1 });
         m.apply(&MetaOp::ExtentClear { ino: 1, index: 7 });
         assert_eq!((m.live_bytes(1), m.live_bytes(2)), (0, 5));
+        m.apply(&MetaOp::KvPut {
+            key: b"k".to_vec(),
+            value: b"v".to_vec(),
+        });
+        let mut encoded = Vec::new();
+        m.encode_as_ops(&mut encoded);
         let mut rebuilt = MetaState::default();
-        for op in m.to_ops() {
+        for op in decode_ops(&encoded).unwrap() {
             rebuilt.apply(&op);
         }
+        assert_eq!(rebuilt.kv_get(b"k"), Some(&b"v".to_vec()));
         assert_eq!(rebuilt.extent(1, 0), m.extent(1, 0));
         assert_eq!(rebuilt.live_bytes(2), 5);
     }
