@@ -1466,13 +1466,11 @@ impl Engine {
             let candidates: Vec<u64> = ctl.known_logs.range(..=seq).copied().collect();
             let engine = self.clone();
             tokio::spawn(async move {
+                // Cleared however the task ends (a panic included), so the next one can run.
+                let _running = ClearOnDrop(&engine.inner.checkpoint_running);
                 if let Err(e) = engine.checkpoint_and_collect(seq, state, candidates).await {
                     tracing::error!(seq, error = %e, "checkpoint failed; the log keeps growing until the next one");
                 }
-                engine
-                    .inner
-                    .checkpoint_running
-                    .store(false, Ordering::Release);
             });
         }
     }
@@ -1594,4 +1592,13 @@ fn extent_span(index: u64, offset: u64, length: u64) -> (usize, usize) {
     let start = offset.max(base) - base;
     let end = (offset + length).min(base + EXTENT_SIZE_BYTES_U64) - base;
     (start as usize, end as usize)
+}
+
+/// Clears a flag when dropped.
+struct ClearOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for ClearOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
 }
