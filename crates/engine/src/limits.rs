@@ -99,3 +99,21 @@ const _: () = assert!(EXTENT_SIZE_BYTES >= 2 * 512);
 const _: () = assert!(DIRTY_BYTES_MAX >= 64 * EXTENT_SIZE_BYTES);
 // Frame offsets inside a log object are u32.
 const _: () = assert!((DIRTY_BYTES_MAX as u64) * 2 < u32::MAX as u64);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn checkpoint_cadence_grows_with_the_map_within_bounds() {
+        assert_eq!(
+            log_objects_per_checkpoint(0),
+            LOG_OBJECTS_PER_CHECKPOINT_MIN
+        );
+        assert_eq!(log_objects_per_checkpoint(45_000), 45_000 / 16);
+        assert_eq!(
+            log_objects_per_checkpoint(u64::MAX),
+            LOG_OBJECTS_PER_CHECKPOINT_MAX
+        );
+    }
+}
