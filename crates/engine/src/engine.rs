@@ -9,6 +9,7 @@
 
 use crate::bucket::{PutMode, SharedBucket, StoreError};
 use crate::cache::DiskCache;
+use crate::cadence::BarrierCadence;
 use crate::crypto::{KeyError, Sealer, Superblock};
 use crate::extent_buffers::ExtentBuffers;
 use crate::frame::{self, Codec, FRAME_BYTES_MAX};
@@ -247,6 +248,8 @@ pub struct EngineStats {
     /// fsync latency a client sees.
     pub barrier_wait_us: u64,
     pub flushes: u64,
+    /// Flushes started by write-behind (`Engine::write`), no barrier waiting on them yet.
+    pub write_behind_flushes: u64,
     pub log_objects_written: u64,
     pub log_bytes_written: u64,
     pub checkpoints_written: u64,
@@ -262,6 +265,7 @@ struct Counters {
     barriers: AtomicU64,
     barrier_wait_us: AtomicU64,
     flushes: AtomicU64,
+    write_behind_flushes: AtomicU64,
     log_objects_written: AtomicU64,
     log_bytes_written: AtomicU64,
     checkpoints_written: AtomicU64,
@@ -289,6 +293,10 @@ struct Inner {
     object_buffers: Arc<ObjectBuffers>,
     extent_buffers: ExtentBuffers,
     background_flush: AtomicBool,
+    /// How often clients ask for barriers; write-behind runs while they are frequent.
+    barrier_cadence: BarrierCadence,
+    /// A write-behind flush is sealing or uploading (one at a time).
+    write_behind_running: AtomicBool,
     /// The last upload failed (its object is still queued).
     upload_failing: AtomicBool,
     /// Wakes writers waiting for room when an upload commits.
@@ -552,6 +560,8 @@ impl Engine {
                 object_buffers: Arc::default(),
                 extent_buffers: ExtentBuffers::default(),
                 background_flush: AtomicBool::new(false),
+                barrier_cadence: BarrierCadence::default(),
+                write_behind_running: AtomicBool::new(false),
                 upload_failing: AtomicBool::new(false),
                 committed_notify: tokio::sync::Notify::new(),
                 stored_notify: tokio::sync::Notify::new(),
@@ -576,7 +586,7 @@ impl Engine {
                 let Some(inner) = weak.upgrade() else { return };
                 let engine = Engine { inner };
                 if engine.has_unflushed() {
-                    if let Err(e) = engine.flush().await {
+                    if let Err(e) = engine.barrier().await {
                         tracing::error!(error = %e, "periodic flush failed; unflushed writes stay in memory and are retried");
                     }
                 }
@@ -624,7 +634,7 @@ impl Engine {
             if self.inner.upload_failing.load(Ordering::Acquire) {
                 // The store is refusing uploads: retry in the foreground so this writer gets
                 // the error instead of waiting without end.
-                self.flush().await?;
+                self.barrier().await?;
                 continue;
             }
             // Wait for an upload to commit (or a moment, in case a kick was missed).
@@ -650,6 +660,57 @@ impl Engine {
                 tracing::error!(error = %e, "background flush failed; unflushed writes stay in memory and are retried");
             }
         });
+    }
+
+    /// While clients ask for a barrier every few milliseconds (an fsync per transaction), a
+    /// write is sealed and uploaded as soon as it is applied, so the barrier that follows finds
+    /// it on its way: the upload overlaps the client's own round trip from the write's reply to
+    /// its flush, instead of starting after it. One write-behind at a time: writes applied
+    /// meanwhile go together in its next object, so a burst of writes is not cut into an object
+    /// each.
+    fn write_behind(&self) {
+        if !self.inner.barrier_cadence.frequent()
+            || self.inner.write_behind_running.swap(true, Ordering::AcqRel)
+        {
+            return;
+        }
+        let engine = self.clone();
+        tokio::spawn(async move {
+            let covered = {
+                let _running = ClearOnDrop(&engine.inner.write_behind_running);
+                // The write's reply goes out first.
+                tokio::task::yield_now().await;
+                engine.write_behind_until_caught_up().await
+            };
+            // A write applied after the last look found the flag still set and started nothing.
+            if covered.is_some_and(|gen| engine.inner.state.lock().write_gen > gen) {
+                engine.write_behind();
+            }
+        });
+    }
+
+    /// Seals and uploads what is pending until nothing more is, barriers stop being frequent,
+    /// or an upload fails (`None`: the next barrier retries it). Returns the write generation
+    /// it made durable.
+    async fn write_behind_until_caught_up(&self) -> Option<u64> {
+        loop {
+            let target = self.inner.state.lock().write_gen;
+            if self.inner.durable_gen.load(Ordering::Acquire) >= target {
+                return Some(target);
+            }
+            self.inner
+                .counters
+                .write_behind_flushes
+                .fetch_add(1, Ordering::Relaxed);
+            self.seal_pending(target).await;
+            if let Err(e) = self.upload_queued(target).await {
+                tracing::error!(error = %e, "write-behind flush failed; the writes stay in memory and the next flush retries");
+                return None;
+            }
+            if !self.inner.barrier_cadence.frequent() {
+                return Some(target);
+            }
+        }
     }
 
     // ---- data -------------------------------------------------------------------------------
@@ -710,6 +771,8 @@ impl Engine {
                 if missing.is_empty() {
                     self.apply_write(&mut st, ino, offset, length, fill, &mut whole_extents);
                     st.write_gen += 1;
+                    drop(st);
+                    self.write_behind();
                     return Ok(());
                 }
                 (missing, st.commit_gen)
@@ -1052,8 +1115,15 @@ impl Engine {
     // ---- the flush barrier ------------------------------------------------------------------
 
     /// Returns once every mutation applied before the call is durable in the bucket.
-    /// Concurrent callers share uploads (group commit).
+    /// Concurrent callers share uploads (group commit). A client's barrier (NBD FLUSH, FUA, an
+    /// admin change): it counts towards the cadence that turns write-behind on.
     pub async fn flush(&self) -> Result<(), EngineError> {
+        self.inner.barrier_cadence.note();
+        self.barrier().await
+    }
+
+    /// `flush` without counting towards the client's cadence (the engine's own flushes).
+    async fn barrier(&self) -> Result<(), EngineError> {
         if self.inner.read_only {
             return Ok(());
         }
@@ -1429,6 +1499,12 @@ impl Engine {
                 }
             }
             st.commit_gen += 1;
+            // Counted before the flushes waiting for it can return: a caller that reads the
+            // counters after its flush sees its object in them.
+            let c = &self.inner.counters;
+            c.log_objects_written.fetch_add(1, Ordering::Relaxed);
+            c.log_bytes_written
+                .fetch_add(object.len() as u64, Ordering::Relaxed);
             self.inner
                 .durable_gen
                 .fetch_max(batch.gen, Ordering::AcqRel);
@@ -1443,14 +1519,6 @@ impl Engine {
         // Outside the lock, and after the batch is gone (it may hold some of the same extents).
         self.inner.extent_buffers.give_back(evicted);
         ctl.known_logs.insert(seq);
-        self.inner
-            .counters
-            .log_objects_written
-            .fetch_add(1, Ordering::Relaxed);
-        self.inner
-            .counters
-            .log_bytes_written
-            .fetch_add(object.len() as u64, Ordering::Relaxed);
         if self.inner.disk_cache.is_some() {
             // Up to DIRTY_BYTES_MAX of file writes: not on an async worker.
             let (engine, object) = (self.clone(), object.clone());
@@ -1547,7 +1615,7 @@ impl Engine {
         if self.inner.read_only {
             return Ok(());
         }
-        self.flush().await?;
+        self.barrier().await?;
         *self.inner.poisoned.lock() = Some("the engine is closed".into());
         self.inner.bucket.end_writing().await?;
         if let Some(me) = &self.inner.lock_holder {
@@ -1563,6 +1631,7 @@ impl Engine {
             barriers: c.barriers.load(Ordering::Relaxed),
             barrier_wait_us: c.barrier_wait_us.load(Ordering::Relaxed),
             flushes: c.flushes.load(Ordering::Relaxed),
+            write_behind_flushes: c.write_behind_flushes.load(Ordering::Relaxed),
             log_objects_written: c.log_objects_written.load(Ordering::Relaxed),
             log_bytes_written: c.log_bytes_written.load(Ordering::Relaxed),
             checkpoints_written: c.checkpoints_written.load(Ordering::Relaxed),

@@ -5,6 +5,7 @@
 
 pub mod bucket;
 mod cache;
+mod cadence;
 mod crypto;
 mod engine;
 mod extent_buffers;

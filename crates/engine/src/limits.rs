@@ -42,6 +42,18 @@ pub const EXTENT_BUFFERS_KEPT: usize = 4096;
 /// blocking thread (about 10 microseconds per extent, below the cost of the thread hop).
 pub const INLINE_SEAL_EXTENTS_MAX: usize = 16;
 
+/// Writes start on their way to the bucket as soon as they are applied (write-behind, see
+/// `Engine::write`) while clients ask for flush barriers at least this often, on average and
+/// lately. An fsync per transaction (pgbench with `synchronous_commit = on`: a barrier every
+/// ~1 ms on the 2-core VM) is well inside; PostgreSQL with `synchronous_commit = off` (~100 ms
+/// apart), bulk loads and fio's write jobs (a flush at the end) are well outside, and their
+/// writes keep gathering into large log objects.
+pub const WRITE_BEHIND_BARRIER_GAP_US: u64 = 4_000;
+
+/// Longer gaps between barriers count as this long in their running mean, so that a client
+/// that resumes fsyncing after a pause turns write-behind on within a few dozen barriers.
+pub const BARRIER_GAP_COUNTED_MAX_US: u64 = 1_000_000;
+
 /// A checkpoint (which lets the collector delete dead log objects) is also due after this many
 /// bytes of log objects, so overwritten data does not pile up under write-heavy load.
 pub const LOG_BYTES_PER_CHECKPOINT: u64 = 1 << 30;

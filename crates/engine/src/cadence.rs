@@ -1,0 +1,110 @@
+//! How often clients ask for flush barriers: the engine starts writes on their way to the
+//! bucket early (write-behind) only while barriers come every few milliseconds.
+
+use crate::limits::{BARRIER_GAP_COUNTED_MAX_US, WRITE_BEHIND_BARRIER_GAP_US};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+/// A running mean of the gaps between barriers (weight 1/8 for the newest), and the time of the
+/// last one. Updated without a lock: concurrent barriers may each miss the other's update,
+/// which only blurs a mean that is a heuristic anyway.
+pub struct BarrierCadence {
+    epoch: Instant,
+    last_us: AtomicU64,
+    mean_gap_us: AtomicU64,
+}
+
+impl Default for BarrierCadence {
+    fn default() -> Self {
+        BarrierCadence {
+            epoch: Instant::now(),
+            last_us: AtomicU64::new(0),
+            // Starts as if barriers were rare.
+            mean_gap_us: AtomicU64::new(BARRIER_GAP_COUNTED_MAX_US),
+        }
+    }
+}
+
+impl BarrierCadence {
+    fn now_us(&self) -> u64 {
+        self.epoch.elapsed().as_micros() as u64
+    }
+
+    /// A client asked for a barrier.
+    pub fn note(&self) {
+        self.note_at(self.now_us());
+    }
+
+    /// Whether barriers are frequent enough, on average and lately, for write-behind.
+    pub fn frequent(&self) -> bool {
+        self.frequent_at(self.now_us())
+    }
+
+    fn note_at(&self, now_us: u64) {
+        let last = self.last_us.swap(now_us, Ordering::Relaxed);
+        let gap = now_us.saturating_sub(last).min(BARRIER_GAP_COUNTED_MAX_US) as i64;
+        let mean = self.mean_gap_us.load(Ordering::Relaxed) as i64;
+        self.mean_gap_us
+            .store((mean + (gap - mean) / 8) as u64, Ordering::Relaxed);
+    }
+
+    fn frequent_at(&self, now_us: u64) -> bool {
+        let since_last = now_us.saturating_sub(self.last_us.load(Ordering::Relaxed));
+        since_last <= WRITE_BEHIND_BARRIER_GAP_US
+            && self.mean_gap_us.load(Ordering::Relaxed) <= WRITE_BEHIND_BARRIER_GAP_US
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Barriers every `gap_us` from `start_us`, `count` of them; returns the time of the last.
+    fn barriers(c: &BarrierCadence, start_us: u64, gap_us: u64, count: u64) -> u64 {
+        let mut t = start_us;
+        for _ in 0..count {
+            t += gap_us;
+            c.note_at(t);
+        }
+        t
+    }
+
+    #[test]
+    fn an_fsync_per_transaction_turns_write_behind_on_within_dozens_of_barriers() {
+        let c = BarrierCadence::default();
+        assert!(!c.frequent_at(0), "a fresh engine has seen no barriers");
+        let t = barriers(&c, 0, 1_000, 10);
+        assert!(
+            !c.frequent_at(t),
+            "ten barriers do not yet outweigh the start"
+        );
+        let t = barriers(&c, t, 1_000, 40);
+        assert!(c.frequent_at(t));
+        assert!(c.frequent_at(t + WRITE_BEHIND_BARRIER_GAP_US));
+    }
+
+    #[test]
+    fn barriers_that_stop_or_slow_down_turn_it_off() {
+        let c = BarrierCadence::default();
+        let t = barriers(&c, 0, 1_000, 100);
+        assert!(c.frequent_at(t));
+        assert!(
+            !c.frequent_at(t + WRITE_BEHIND_BARRIER_GAP_US + 1),
+            "no barrier lately"
+        );
+        let t = barriers(&c, t, 100_000, 3);
+        assert!(!c.frequent_at(t), "barriers 100 ms apart are not frequent");
+    }
+
+    #[test]
+    fn occasional_bursts_among_rare_barriers_do_not_turn_it_on() {
+        // A file system's journal commit can send two flushes back to back every few seconds.
+        let c = BarrierCadence::default();
+        let mut t = 0;
+        for _ in 0..20 {
+            t = barriers(&c, t, 100_000, 1);
+            t = barriers(&c, t, 100, 1);
+            assert!(!c.frequent_at(t));
+        }
+    }
+}
