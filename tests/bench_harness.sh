@@ -14,6 +14,9 @@
 #      percentiles, per-second series, ratio to local, object-store cost for bucketfs targets),
 #      the CSVs have rows, charts/*.png are PNGs, report.html embeds every chart (base64), the
 #      terminal table names every target, the proxy saw the S3 traffic, and bench/compare runs.
+#   3. (file backend) bench/rounds 2 --tiny --no-fio over local and bucketfs-file: the second
+#      round ran the targets in the reverse order, and every pgbench figure has a value and a
+#      ratio per round (the reference's ratios all 1) and their medians.
 set -euo pipefail
 # shellcheck source=tests/lib.sh
 source "$(dirname "$0")/lib.sh"
@@ -263,11 +266,43 @@ run_bench() { # run_bench NAME TARGETS [BENCH_RUN_ARG...]
     log "ok - $name: outputs complete, bench/compare works"
 }
 
+run_rounds() {
+    local results=$TEST_DIR/rounds rc=0
+    log "bench/rounds 2 --tiny --no-fio --targets local,bucketfs-file"
+    timeout --kill-after=20 "$BENCH_TIMEOUT_S" "$REPO_ROOT/bench/rounds" 2 --tiny --no-fio \
+        --targets local,bucketfs-file --results "$results" >"$TEST_DIR/rounds.out" 2>&1 || rc=$?
+    if ((rc != 0)); then
+        tail -n 60 "$TEST_DIR/rounds.out" >&2
+        die "bench/rounds exited $rc"
+    fi
+    python3 - "$results" <<'PY' || die "bench/rounds: summary incomplete"
+import json, os, sys
+d = sys.argv[1]
+s = json.load(open(os.path.join(d, "summary.json")))
+assert s["orders"] == [["local", "bucketfs-file"], ["bucketfs-file", "local"]], s["orders"]
+for k in (1, 2):
+    r = json.load(open(os.path.join(d, "round-%d" % k, "results.json")))
+    assert r["settings"]["targets"] == s["orders"][k - 1], r["settings"]["targets"]
+figs = {f["figure"]: f for f in s["figures"] if f["kind"] == "pgbench"}
+assert set(figs) == {"init small", "rw-sync small", "rw-async small", "ro small"}, set(figs)
+for name, f in figs.items():
+    ref, t = f["targets"]["local"], f["targets"]["bucketfs-file"]
+    assert len(ref["values"]) == 2 and ref["ratios"] == [1.0, 1.0], (name, ref)
+    assert len(t["values"]) == 2 and len(t["ratios"]) == 2 and all(x > 0 for x in t["ratios"]), (name, t)
+    assert t["median_ratio"] is not None and t["median"] > 0, (name, t)
+text = open(os.path.join(d, "summary.txt")).read()
+assert "ratio median" in text and "steady" in text, text
+print("ok - bench/rounds: 2 rounds in both orders, medians and per-round ratios")
+PY
+    log "ok - bench/rounds: summary complete"
+}
+
 for backend in $BUCKETFS_TEST_BACKENDS; do
     case $backend in
     file)
         proxy_selftest
         run_bench tiny-file local,bucketfs-file,bucketfs-s3-lat --latency 10ms --bandwidth 50MB/s
+        run_rounds
         ;;
     s3)
         run_bench tiny-s3 local,bucketfs-s3,peer \
