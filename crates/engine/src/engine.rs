@@ -22,7 +22,7 @@ use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use parking_lot::Mutex;
 use serde::Serialize;
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -254,6 +254,8 @@ pub struct EngineStats {
     pub log_bytes_written: u64,
     pub checkpoints_written: u64,
     pub log_objects_deleted: u64,
+    /// Extents rewritten out of sparse log objects (`Engine::repack`).
+    pub extents_repacked: u64,
     pub pending_bytes: u64,
     pub extents: u64,
     pub memory_cache_extents: u64,
@@ -270,6 +272,7 @@ struct Counters {
     log_bytes_written: AtomicU64,
     checkpoints_written: AtomicU64,
     log_objects_deleted: AtomicU64,
+    extents_repacked: AtomicU64,
 }
 
 struct Inner {
@@ -1544,7 +1547,8 @@ impl Engine {
     }
 
     /// Writes a checkpoint as of log object `seq`, then deletes what it made unnecessary: older
-    /// checkpoints and log objects up to `seq` that hold no live extent.
+    /// checkpoints and log objects up to `seq` that hold no live extent; then repacks those
+    /// that hold few live extents, so that the next checkpoint can delete them.
     async fn checkpoint_and_collect(
         &self,
         seq: u64,
@@ -1552,9 +1556,10 @@ impl Engine {
         candidates: Vec<u64>,
     ) -> Result<(), EngineError> {
         let engine = self.clone();
-        let object = tokio::task::spawn_blocking(move || {
+        let (object, state) = tokio::task::spawn_blocking(move || {
             let mut scratch = engine.inner.checkpoint_scratch.lock();
-            logobj::encode_checkpoint(&engine.inner.sealer, seq, &state, &mut scratch)
+            let object = logobj::encode_checkpoint(&engine.inner.sealer, seq, &state, &mut scratch);
+            (object, state)
         })
         .await
         .expect("encoding does not panic");
@@ -1577,12 +1582,11 @@ impl Engine {
         }
         // Live bytes of a log object only ever fall (new pointers point at new objects), so an
         // object found dead here stays dead.
-        let dead: Vec<u64> = {
+        let (dead, live): (Vec<u64>, Vec<u64>) = {
             let st = self.inner.state.lock();
             candidates
                 .into_iter()
-                .filter(|s| st.committed.live_bytes(*s) == 0)
-                .collect()
+                .partition(|s| st.committed.live_bytes(*s) == 0)
         };
         let deleted: Vec<u64> = futures::stream::iter(dead)
             .map(|s| async move {
@@ -1595,11 +1599,14 @@ impl Engine {
             .buffer_unordered(DELETE_CONCURRENCY)
             .try_collect()
             .await?;
-        let mut ctl = self.inner.upload.lock().await;
-        for s in &deleted {
-            ctl.known_logs.remove(s);
-            if let Some(c) = &self.inner.disk_cache {
-                c.drop_object(*s);
+        {
+            // Not held any longer: the repack below flushes, and committing needs it.
+            let mut ctl = self.inner.upload.lock().await;
+            for s in &deleted {
+                ctl.known_logs.remove(s);
+                if let Some(c) = &self.inner.disk_cache {
+                    c.drop_object(*s);
+                }
             }
         }
         self.inner
@@ -1607,6 +1614,82 @@ impl Engine {
             .log_objects_deleted
             .fetch_add(deleted.len() as u64, Ordering::Relaxed);
         tracing::info!(seq, "checkpoint written");
+        if let Err(e) = self.repack(&state, &live.into_iter().collect()).await {
+            tracing::warn!(seq, error = %e, "repacking sparse log objects failed; they stay until a later checkpoint tries again");
+        }
+        Ok(())
+    }
+
+    /// Rewrites the extents of those `live` log objects that hold only a few
+    /// (REPACK_LIVE_EXTENTS_MAX, as `state`, the checkpoint's map, has them) into a new log
+    /// object, unchanged, and flushes it. Those objects are then dead and the next checkpoint
+    /// deletes them, instead of a few extents that are never overwritten keeping each alive. An
+    /// extent written again meanwhile is left alone (the write kills its old frame anyway).
+    /// Contents never change, so the atomic prefix a crash leaves is unaffected.
+    async fn repack(&self, state: &MetaState, live: &HashSet<u64>) -> Result<(), EngineError> {
+        if live.is_empty() {
+            return Ok(());
+        }
+        let mut extents = state.extents_of_sparse_objects(live, REPACK_LIVE_EXTENTS_MAX);
+        extents.truncate(REPACK_EXTENTS_MAX);
+        let unchanged = |st: &State, ino: u64, index: u64, ptr: ExtentPtr| {
+            st.committed.extent(ino, index) == Some(ptr)
+                && st
+                    .newest_first()
+                    .all(|b| !b.extents.contains_key(&(ino, index)))
+        };
+        // The plaintext: from the memory tier while it is there (it usually is: the extents
+        // were written since the last checkpoint or so), else fetched.
+        let mut found = Vec::new();
+        let mut missing: BTreeMap<u64, Vec<(u64, ExtentPtr)>> = BTreeMap::new();
+        {
+            let st = self.inner.state.lock();
+            for (ino, index, ptr) in extents {
+                if !unchanged(&st, ino, index, ptr) {
+                    continue;
+                }
+                match st.clean.peek(&(ino, index)) {
+                    Some(data) => found.push((ino, index, ptr, data.clone())),
+                    None => missing.entry(ino).or_default().push((index, ptr)),
+                }
+            }
+        }
+        for (ino, wanted) in missing {
+            let ptrs: HashMap<u64, ExtentPtr> = wanted.iter().copied().collect();
+            for (index, data) in self.fetch(ino, &wanted).await? {
+                found.push((ino, index, ptrs[&index], data));
+            }
+        }
+        // A flush per REPACK_EXTENTS_PER_OBJECT: client flushes queued behind one wait for a
+        // few milliseconds of sealing, not for all of it (and in a `file://` bucket each object
+        // stays small enough for the journal).
+        for chunk in found.chunks(REPACK_EXTENTS_PER_OBJECT) {
+            let moved = {
+                let mut st = self.inner.state.lock();
+                let mut moved = 0;
+                for (ino, index, ptr, data) in chunk {
+                    if unchanged(&st, *ino, *index, *ptr) {
+                        st.pending
+                            .extents
+                            .insert((*ino, *index), Dirty::Data(data.clone()));
+                        moved += 1;
+                    }
+                }
+                if moved > 0 {
+                    st.write_gen += 1;
+                }
+                moved
+            };
+            if moved == 0 {
+                continue;
+            }
+            self.inner
+                .counters
+                .extents_repacked
+                .fetch_add(moved, Ordering::Relaxed);
+            tracing::debug!(extents = moved, "repacking");
+            self.barrier().await?;
+        }
         Ok(())
     }
 
@@ -1636,6 +1719,7 @@ impl Engine {
             log_bytes_written: c.log_bytes_written.load(Ordering::Relaxed),
             checkpoints_written: c.checkpoints_written.load(Ordering::Relaxed),
             log_objects_deleted: c.log_objects_deleted.load(Ordering::Relaxed),
+            extents_repacked: c.extents_repacked.load(Ordering::Relaxed),
             pending_bytes: st.pending.data_bytes() as u64,
             extents: st.committed.extent_count() as u64,
             memory_cache_extents: st.clean.len() as u64,

@@ -4,7 +4,7 @@
 //! costs). It changes only by applying [`MetaOp`]s, the same ops that log objects carry, so the
 //! state after replaying the log is the state that was committed.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 /// Where one extent's frame is stored: in log object `seq`, at `offset`, `length` bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -250,6 +250,32 @@ impl MetaState {
         }
     }
 
+    fn extents_where<'a>(
+        &'a self,
+        keep: impl Fn(&ExtentPtr) -> bool + 'a,
+    ) -> impl Iterator<Item = (u64, u64, ExtentPtr)> + 'a {
+        self.extents
+            .iter()
+            .flat_map(|(ino, m)| m.iter().map(move |(index, ptr)| (*ino, *index, *ptr)))
+            .filter(move |(_, _, ptr)| keep(ptr))
+    }
+
+    /// The extents stored in each of the log objects `seqs` that holds at most `max` of them
+    /// (and at least one), as (inode, index, pointer).
+    pub fn extents_of_sparse_objects(
+        &self,
+        seqs: &HashSet<u64>,
+        max: usize,
+    ) -> Vec<(u64, u64, ExtentPtr)> {
+        let mut counts: HashMap<u64, usize> = HashMap::new();
+        for (_, _, ptr) in self.extents_where(|p| seqs.contains(&p.seq)) {
+            *counts.entry(ptr.seq).or_default() += 1;
+        }
+        counts.retain(|_, n| *n <= max);
+        self.extents_where(|p| counts.contains_key(&p.seq))
+            .collect()
+    }
+
     pub fn live_bytes(&self, seq: u64) -> u64 {
         self.live_bytes.get(&seq).copied().unwrap_or(0)
     }
@@ -320,6 +346,34 @@ mod tests {
         let mut huge = buf.clone();
         huge[..8].copy_from_slice(&u64::MAX.to_le_bytes());
         assert!(decode_ops(&huge).is_err());
+    }
+
+    #[test]
+    fn sparse_objects_are_those_with_few_extents_left() {
+        let mut m = MetaState::default();
+        // Object 1 holds three extents, object 2 one, object 3 one of inode 2.
+        for (ino, index, seq) in [(1, 0, 1), (1, 1, 1), (1, 2, 1), (1, 3, 2), (2, 0, 3)] {
+            m.apply(&MetaOp::ExtentSet {
+                ino,
+                index,
+                ptr: ExtentPtr {
+                    seq,
+                    offset: index as u32 * 100,
+                    length: 100,
+                },
+            });
+        }
+        let seqs: HashSet<u64> = [1, 2].into_iter().collect();
+        let mut got = m.extents_of_sparse_objects(&seqs, 1);
+        got.sort_by_key(|(ino, index, _)| (*ino, *index));
+        assert_eq!(
+            got.iter()
+                .map(|(i, x, p)| (*i, *x, p.seq))
+                .collect::<Vec<_>>(),
+            vec![(1, 3, 2)]
+        );
+        assert_eq!(m.extents_of_sparse_objects(&seqs, 3).len(), 4);
+        assert!(m.extents_of_sparse_objects(&HashSet::new(), 3).is_empty());
     }
 
     #[test]

@@ -351,6 +351,61 @@ async fn checkpoints_bound_replay_and_dead_log_objects_are_deleted() {
     assert_eq!(e.read(1, 0, 3 * 4096).await.unwrap(), expect);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn log_objects_kept_alive_by_a_few_extents_are_repacked_then_deleted() {
+    let w = world();
+    let e = open(&w).await;
+    // Flushes that each leave one extent that is never written again...
+    let kept = 100u64;
+    let extent = EXTENT_SIZE_BYTES as u64;
+    for i in 0..kept {
+        let data = pattern(i as u8, EXTENT_SIZE_BYTES);
+        e.write(2, i * extent, extent, Fill::Data(&data))
+            .await
+            .unwrap();
+        e.flush().await.unwrap();
+    }
+    let kept_objects: Vec<String> = w
+        .bucket
+        .list("log/")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|o| o.key)
+        .collect();
+    assert_eq!(kept_objects.len() as u64, kept);
+    // ...then enough flushes for two checkpoints: the first repacks those objects' extents into
+    // one, the second deletes them.
+    flush_past_a_checkpoint(&e, 3).await;
+    flush_past_a_checkpoint(&e, 3).await;
+    let mut left = kept_objects.clone();
+    for _ in 0..200 {
+        let now: Vec<String> = w
+            .bucket
+            .list("log/")
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|o| o.key)
+            .collect();
+        left.retain(|k| now.contains(k));
+        if left.is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let stats = e.stats();
+    assert!(stats.extents_repacked >= kept, "{stats:?}");
+    assert!(left.is_empty(), "{} kept alive: {stats:?}", left.len());
+    // A crash now loses none of them.
+    drop(e);
+    let e = open(&w).await;
+    for i in 0..kept {
+        let got = e.read(2, i * extent, EXTENT_SIZE_BYTES).await.unwrap();
+        assert!(got == pattern(i as u8, EXTENT_SIZE_BYTES), "extent {i}");
+    }
+}
+
 #[derive(Debug, Clone)]
 enum Op {
     Write {

@@ -5,7 +5,7 @@
 
 mod counting;
 mod faults;
-mod journal;
+pub(crate) mod journal;
 mod local;
 mod retry;
 mod store;
