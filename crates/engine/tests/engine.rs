@@ -29,6 +29,11 @@ async fn open(w: &World) -> Engine {
         .unwrap()
 }
 
+async fn log_keys(w: &World) -> Vec<String> {
+    let objects = w.bucket.list("log/").await.unwrap();
+    objects.into_iter().map(|o| o.key).collect()
+}
+
 fn pattern(seed: u8, len: usize) -> Vec<u8> {
     (0..len)
         .map(|i| seed.wrapping_add((i % 251) as u8))
@@ -365,29 +370,15 @@ async fn log_objects_kept_alive_by_a_few_extents_are_repacked_then_deleted() {
             .unwrap();
         e.flush().await.unwrap();
     }
-    let kept_objects: Vec<String> = w
-        .bucket
-        .list("log/")
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|o| o.key)
-        .collect();
+    let kept_objects = log_keys(&w).await;
     assert_eq!(kept_objects.len() as u64, kept);
     // ...then enough flushes for two checkpoints: the first repacks those objects' extents into
     // one, the second deletes them.
     flush_past_a_checkpoint(&e, 3).await;
     flush_past_a_checkpoint(&e, 3).await;
-    let mut left = kept_objects.clone();
+    let mut left = kept_objects;
     for _ in 0..200 {
-        let now: Vec<String> = w
-            .bucket
-            .list("log/")
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|o| o.key)
-            .collect();
+        let now = log_keys(&w).await;
         left.retain(|k| now.contains(k));
         if left.is_empty() {
             break;
