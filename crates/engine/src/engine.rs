@@ -1621,8 +1621,8 @@ impl Engine {
     }
 
     /// Rewrites the extents of those `live` log objects that hold only a few
-    /// (REPACK_LIVE_EXTENTS_MAX, as `state`, the checkpoint's map, has them) into a new log
-    /// object, unchanged, and flushes it. Those objects are then dead and the next checkpoint
+    /// (REPACK_LIVE_EXTENTS_MAX, as `state`, the checkpoint's map, has them) into new log
+    /// objects, unchanged, by flushes. Those objects are then dead and the next checkpoint
     /// deletes them, instead of a few extents that are never overwritten keeping each alive. An
     /// extent written again meanwhile is left alone (the write kills its old frame anyway).
     /// Contents never change, so the atomic prefix a crash leaves is unaffected.

@@ -74,15 +74,15 @@ pub const LOG_OBJECTS_PER_CHECKPOINT_MAX: u64 = 8192;
 
 /// After a checkpoint, a log object it covers that still holds at least one and at most this
 /// many live extents has them rewritten into a new log object ("repacked"), so that it dies and
-/// the next collection deletes it. Under fsync-heavy load each flush is a small object, and ~20 %
-/// keep an extent that stays live for minutes (the last version of a WAL page): unrepacked, each
-/// stays an object of its own (in a `file://` bucket a file, whose creation cost ext4 ~9 % of
-/// the machine under pgbench). Counting extents, not bytes, keeps a repacked object (many
+/// the next collection deletes it. Under fsync-heavy load each flush is a small object, and a
+/// quarter keep an extent that stays live for minutes (the last version of a WAL page):
+/// unrepacked, each stays an object of its own (in a `file://` bucket a file, whose creation
+/// cost ext4 10-12 % of the machine under pgbench). Counting extents, not bytes, keeps a repacked object (many
 /// extents, however well they compress) from being repacked again until most of it is dead.
 pub const REPACK_LIVE_EXTENTS_MAX: usize = 16;
 
-/// Most extents one checkpoint repacks (the rest wait for the next one): bounds the memory and
-/// the size of the object that carries them.
+/// Most extents one checkpoint repacks (the rest wait for the next one): bounds the memory
+/// and the work one checkpoint adds.
 pub const REPACK_EXTENTS_MAX: usize = 2048;
 
 /// Most extents in one object of repacked extents. Sealing 2048 extents at once took 17-38 ms
