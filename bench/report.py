@@ -139,6 +139,20 @@ def cost(delta, transactions, bytes_basis):
     return out
 
 
+def cpu_cost(before, after, transactions):
+    """CPU microseconds per transaction of the server, nbdfuse and the whole machine (busy), and
+    the share of the machine that was busy; None without counters (results of older runs)."""
+    if not before or not after:
+        return None
+    out = {"machine_busy": round((after["machine_busy_s"] - before["machine_busy_s"]) /
+                                 max(after["machine_s"] - before["machine_s"], 1e-9), 3)}
+    for name, key in (("server", "server_s"), ("nbdfuse", "nbdfuse_s"), ("machine", "machine_busy_s")):
+        b, a = before.get(key), after.get(key)
+        out[name + "_us_per_tx"] = round((a - b) * 1e6 / transactions, 1) \
+            if transactions and a is not None and b is not None else None
+    return out
+
+
 def load_pgbench_run(meta_path):
     meta = read_json(meta_path)
     base = meta_path[: -len(".meta.json")]
@@ -181,6 +195,7 @@ def load_pgbench_run(meta_path):
     if db and da:
         run["device"] = {"read_bytes": da["read_bytes"] - db["read_bytes"],
                          "write_bytes": da["write_bytes"] - db["write_bytes"]}
+    run["cpu"] = cpu_cost(meta.get("cpu_before"), meta.get("cpu_after"), run.get("transactions"))
     delta = counter_delta(meta.get("store_before"), meta.get("store_after"))
     if delta is not None:
         run["object_store"] = delta
@@ -327,7 +342,7 @@ def tables(res):
             continue
         scale = runs[0]["scale"]
         header = ["workload", "target", "TPS", "vs local", "p50 ms", "p95 ms", "p99 ms", "steady",
-                  "PUT/1k tx", "GET/1k tx", "MiB up/1k tx"]
+                  "server CPU µs/tx", "busy CPU µs/tx", "PUT/1k tx", "GET/1k tx", "MiB up/1k tx"]
         rows = []
         for r in runs:
             c = r.get("cost") or {}
@@ -342,15 +357,18 @@ def tables(res):
                 lat = r.get("latency_ms") or {}
                 tps = fmt(r.get("tps"), "{:.0f}")
                 puts, gets, up = fmt_num(k.get("put")), fmt_num(k.get("get")), fmt_num(k.get("mib_up"))
+            cpu = r.get("cpu") or {}
             rows.append([r["workload"], labels.get(r["target"], r["target"]), tps, fmt(r["ratio_to_local"]),
                          fmt_ms(lat.get("p50")), fmt_ms(lat.get("p95")), fmt_ms(lat.get("p99")),
-                         fmt(r.get("steady")), puts, gets, up])
+                         fmt(r.get("steady")), fmt(cpu.get("server_us_per_tx"), "{:.1f}"),
+                         fmt(cpu.get("machine_us_per_tx"), "{:.0f}"), puts, gets, up])
         title = "pgbench, scale %s = %s (~%d MiB), %s clients, %s s per run" % (
             scale_name, scale, scale * 15, s.get("clients", "?"), s.get("duration_s", "?"))
         notes = ["TPS: pgbench's overall figure (init: seconds for pgbench -i plus a CHECKPOINT); "
                  "vs local: TPS / local TPS (init: local time / time), below 1 = slower; "
-                 "steady: slowest 10 s window / median second; per 1k tx: bucketfs object-store "
-                 "requests from `bucketfs status`"]
+                 "steady: slowest 10 s window / median second; CPU µs/tx: CPU time of the NBD "
+                 "server process (all threads) and of the whole machine's busy time, per "
+                 "transaction; per 1k tx: bucketfs object-store requests from `bucketfs status`"]
         out.append((title, header, rows, notes))
     if res["fio"]:
         header = ["job", "target", "IOPS", "MiB/s", "vs local", "p50 ms", "p99 ms", "PUT/GiB", "GET/GiB"]
@@ -604,13 +622,16 @@ def make_charts(res, outdir):
 
 # --- outputs ------------------------------------------------------------------------------------
 
+CPU_COLUMNS = ["server_us_per_tx", "nbdfuse_us_per_tx", "machine_us_per_tx", "machine_busy"]
+
+
 def write_csvs(res, results_dir):
     with open(os.path.join(results_dir, "pgbench.csv"), "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["target", "scale_name", "scale", "workload", "synchronous_commit", "clients", "duration_s",
                     "elapsed_s", "tps", "ratio_to_local", "median_tps", "min_10s_tps", "steady", "transactions",
                     "failed", "lat_mean_ms", "lat_p50_ms", "lat_p95_ms", "lat_p99_ms", "lat_p999_ms",
-                    "device_read_bytes", "device_write_bytes"] + REQUESTS + ["bytes_up", "bytes_down"]
+                    "device_read_bytes", "device_write_bytes"] + CPU_COLUMNS + REQUESTS + ["bytes_up", "bytes_down"]
                    + ["%s_per_1k_tx" % q for q in REQUESTS] + ["%s_per_gib_written" % q for q in REQUESTS])
         for r in res["pgbench"]:
             lat, dev, c = r.get("latency_ms") or {}, r.get("device") or {}, r.get("cost") or {}
@@ -620,7 +641,7 @@ def write_csvs(res, results_dir):
                         r.get("median_tps"), r.get("min_10s_tps"), r.get("steady"), r.get("transactions"),
                         r.get("failed"), lat.get("mean"), lat.get("p50"), lat.get("p95"), lat.get("p99"),
                         lat.get("p99.9"), dev.get("read_bytes"), dev.get("write_bytes")]
-                       + [req.get(q) for q in REQUESTS] + [c.get("bytes_up"), c.get("bytes_down")]
+                       + [(r.get("cpu") or {}).get(q) for q in CPU_COLUMNS] + [req.get(q) for q in REQUESTS] + [c.get("bytes_up"), c.get("bytes_down")]
                        + [k.get(q) for q in REQUESTS] + [g.get(q) for q in REQUESTS])
     with open(os.path.join(results_dir, "fio.csv"), "w", newline="") as f:
         w = csv.writer(f)

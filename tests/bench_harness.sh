@@ -11,12 +11,15 @@
 #        file: local, bucketfs-file, bucketfs-s3-lat (moto behind the latency proxy)
 #        s3:   local, bucketfs-s3, and a peer NBD server given as a command (nbdkit memory)
 #      then: results.json has every pgbench run and fio job with its figures (TPS, latency
-#      percentiles, per-second series, ratio to local, object-store cost for bucketfs targets),
+#      percentiles, per-second series, ratio to local, CPU per transaction, object-store cost for
+#      bucketfs targets),
 #      the CSVs have rows, charts/*.png are PNGs, report.html embeds every chart (base64), the
 #      terminal table names every target, the proxy saw the S3 traffic, and bench/compare runs.
 #   3. (file backend) bench/rounds 2 --tiny --no-fio over local and bucketfs-file: the second
 #      round ran the targets in the reverse order, and every pgbench figure has a value and a
 #      ratio per round (the reference's ratios all 1) and their medians.
+#   4. (file backend) bench/ab with one binary as both A and B, 4 slices of 3 s: the slices ran
+#      in A B B A order, each has its TPS and the server's CPU, and the summary its ratios.
 set -euo pipefail
 # shellcheck source=tests/lib.sh
 source "$(dirname "$0")/lib.sh"
@@ -167,6 +170,16 @@ for t in targets:
             ps = r.get("per_second") or {}
             check(len(ps.get("tps", [])) >= 3 and sum(ps["tps"]) > 0, "%s %s: per-second series" % (t, w))
             check(r.get("steady") is not None, "%s %s: steadiness" % (t, w))
+            cpu = r.get("cpu") or {}
+            check(0 < (cpu.get("machine_busy") or 0) <= 1 and (cpu.get("machine_us_per_tx") or 0) > 0,
+                  "%s %s: machine CPU %s" % (t, w, cpu))
+            # Every target but local is an NBD server behind nbdfuse. Read-only may not reach
+            # the server at all (the tiny scale fits shared_buffers): no CPU tick is then right.
+            served = t != "local"
+            for name in ("server", "nbdfuse"):
+                v = cpu.get(name + "_us_per_tx")
+                ok = v is None if not served else v is not None and (v > 0 or w == "ro")
+                check(ok, "%s %s: %s CPU %s" % (t, w, name, v))
         if "local" in targets:
             check(r["ratio_to_local"] is not None, "%s %s: no ratio to local" % (t, w))
             if t == "local":
@@ -290,11 +303,40 @@ for name, f in figs.items():
     assert len(ref["values"]) == 2 and ref["ratios"] == [1.0, 1.0], (name, ref)
     assert len(t["values"]) == 2 and len(t["ratios"]) == 2 and all(x > 0 for x in t["ratios"]), (name, t)
     assert t["median_ratio"] is not None and t["median"] > 0, (name, t)
+cpu = {f["figure"]: f for f in s["figures"] if f["kind"] == "cpu"}
+for w in ("rw-sync", "rw-async"):
+    f = cpu["server µs/tx %s small" % w]["targets"]["bucketfs-file"]
+    assert len(f["values"]) == 2 and f["median"] > 0, (w, f)
 text = open(os.path.join(d, "summary.txt")).read()
 assert "ratio median" in text and "steady" in text, text
 print("ok - bench/rounds: 2 rounds in both orders, medians and per-round ratios")
 PY
     log "ok - bench/rounds: summary complete"
+}
+
+# bench/ab with the same binary as A and B, 4 short slices: A B B A, every slice a TPS and the
+# server's CPU, the summary's two ratios.
+run_ab() {
+    local results=$TEST_DIR/ab rc=0
+    log "bench/ab --slices 4 --duration 3 --scale 1, the same binary twice"
+    timeout --kill-after=20 "$BENCH_TIMEOUT_S" "$REPO_ROOT/bench/ab" --slices 4 --duration 3 --scale 1 \
+        --clients 4 --results "$results" "$BUCKETFS" "$BUCKETFS" >"$TEST_DIR/ab.out" 2>&1 || rc=$?
+    if ((rc != 0)); then
+        tail -n 40 "$TEST_DIR/ab.out" >&2
+        die "bench/ab exited $rc"
+    fi
+    python3 - "$results" <<'PY' || die "bench/ab: results incomplete"
+import csv, os, sys
+d = sys.argv[1]
+rows = list(csv.DictReader(open(os.path.join(d, "slices.tsv")), delimiter="\t"))
+assert [r["binary"] for r in rows] == ["A", "B", "B", "A"], rows
+for r in rows:
+    assert float(r["tps"]) > 0 and float(r["server_cpu_us_per_tx"]) > 0 and 0 < float(r["machine_busy"]) <= 1, r
+text = open(os.path.join(d, "summary.txt")).read()
+assert "B/A TPS, mean of 2 neighbouring pairs" in text and "B/A server CPU per transaction" in text, text
+print("ok - bench/ab: 4 slices in A B B A order, TPS, CPU and the pair ratios")
+PY
+    log "ok - bench/ab: summary complete"
 }
 
 for backend in $BUCKETFS_TEST_BACKENDS; do
@@ -303,6 +345,7 @@ for backend in $BUCKETFS_TEST_BACKENDS; do
         proxy_selftest
         run_bench tiny-file local,bucketfs-file,bucketfs-s3-lat --latency 10ms --bandwidth 50MB/s
         run_rounds
+        run_ab
         ;;
     s3)
         run_bench tiny-s3 local,bucketfs-s3,peer \
