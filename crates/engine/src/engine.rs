@@ -7,7 +7,7 @@
 //! the flushed batches: a prefix of the acknowledged order, every mutation whole or absent.
 //! (docs/0001-bucket-layout-and-flush.md)
 
-use crate::bucket::{PutMode, SharedBucket, StoreError};
+use crate::bucket::{DeleteMode, PutMode, SharedBucket, StoreError};
 use crate::cache::DiskCache;
 use crate::cadence::BarrierCadence;
 use crate::crypto::{KeyError, Sealer, Superblock};
@@ -476,7 +476,10 @@ impl Engine {
                 tracing::warn!(object = %logobj::log_key(*seq), "dropping a log object stored after a crash but never committed");
                 known_logs.remove(seq);
                 if !opts.read_only {
-                    bucket.delete(&logobj::log_key(*seq)).await?;
+                    // Durably: its sequence number is used again from here on.
+                    bucket
+                        .delete(&logobj::log_key(*seq), DeleteMode::Durable)
+                        .await?;
                 }
             }
         }
@@ -1577,7 +1580,10 @@ impl Engine {
             .fetch_add(1, Ordering::Relaxed);
         for old in self.inner.bucket.list("checkpoint/").await? {
             if logobj::parse_seq(&old.key, "checkpoint").is_some_and(|s| s < seq) {
-                self.inner.bucket.delete(&old.key).await?;
+                self.inner
+                    .bucket
+                    .delete(&old.key, DeleteMode::Garbage)
+                    .await?;
             }
         }
         // Live bytes of a log object only ever fall (new pointers point at new objects), so an
@@ -1592,7 +1598,7 @@ impl Engine {
             .map(|s| async move {
                 self.inner
                     .bucket
-                    .delete(&logobj::log_key(s))
+                    .delete(&logobj::log_key(s), DeleteMode::Garbage)
                     .await
                     .map(|()| s)
             })

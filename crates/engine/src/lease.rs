@@ -6,7 +6,7 @@
 //! over, so a restart after `kill -9` needs nobody's help. As a second line of defence, log
 //! objects are created with conditional PUTs: two writers can never both append `log/<seq>`.
 
-use crate::bucket::{PutMode, SharedBucket, StoreError};
+use crate::bucket::{DeleteMode, PutMode, SharedBucket, StoreError};
 use serde::{Deserialize, Serialize};
 
 pub const LOCK_KEY: &str = "writer.lock";
@@ -108,7 +108,7 @@ pub async fn release(bucket: &SharedBucket, me: &LockHolder) -> Result<(), Store
                 .as_ref()
                 == Some(me) =>
         {
-            bucket.delete(LOCK_KEY).await
+            bucket.delete(LOCK_KEY, DeleteMode::Durable).await
         }
         Ok(_) | Err(StoreError::NotFound(_)) => Ok(()),
         Err(e) => Err(e),

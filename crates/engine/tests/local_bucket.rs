@@ -50,3 +50,89 @@ async fn a_reader_beside_the_writer_sees_what_is_only_in_the_journal() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Copies a bucket directory as a crash would leave it (its staging files are garbage anyway).
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let (src, dst) = (entry.path(), to.join(entry.file_name()));
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&src, &dst);
+        } else {
+            std::fs::copy(&src, &dst).unwrap();
+        }
+    }
+}
+
+fn files_in(dir: &std::path::Path) -> Vec<String> {
+    std::fs::read_dir(dir).map_or(Vec::new(), |d| {
+        d.map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+            .collect()
+    })
+}
+
+/// The collector deletes dead log objects as garbage: in a local bucket their journal records
+/// are forgotten, not cleared, so a crash brings them back (docs/0002, "Deleting garbage").
+/// The engine must open what the crash left as if they had stayed deleted, and delete them again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn collected_log_objects_that_a_crash_brings_back_are_collected_again() {
+    let base = std::env::temp_dir().join(format!("bucketfs-garbage-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&base);
+    let (dir, crashed) = (base.join("running"), base.join("crashed"));
+    let e = Engine::open(bucket(&dir), EngineOptions::for_tests("pw"))
+        .await
+        .unwrap();
+    let flushes = flush_past_a_checkpoint(&e, 5).await;
+    let expect = e.read(1, 0, 5 * 4096).await.unwrap();
+    // Quiet (the repack after the checkpoint done), then the crash: the files and the journal
+    // as they are. The lock's holder, this process, is alive: a restarted server would take
+    // the lock over from a dead one, so the copy goes without it.
+    let mut last = e.stats();
+    loop {
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        let now = e.stats();
+        if (now.flushes, now.log_objects_deleted) == (last.flushes, last.log_objects_deleted) {
+            break;
+        }
+        last = now;
+    }
+    copy_dir(&dir, &crashed);
+    std::fs::remove_file(crashed.join("writer.lock")).unwrap();
+    e.close().await.unwrap();
+    drop(e);
+
+    let listed = bucket(&crashed).list("log/").await.unwrap().len() as u64;
+    assert!(
+        listed > flushes / 2,
+        "the crash brought back the collected objects ({listed} listed after {flushes} flushes)"
+    );
+    let e = Engine::open(bucket(&crashed), EngineOptions::for_tests("pw"))
+        .await
+        .unwrap();
+    let came_back = files_in(&crashed.join("log"));
+    assert!(
+        came_back.len() as u64 > flushes / 2,
+        "stored as files at start"
+    );
+    assert!(e.read(1, 0, 5 * 4096).await.unwrap() == expect);
+    // The next checkpoint finds them dead, as every object it covers, and deletes them.
+    flush_past_a_checkpoint(&e, 5).await;
+    let mut left = came_back.clone();
+    for _ in 0..200 {
+        let now = files_in(&crashed.join("log"));
+        left.retain(|f| now.contains(f));
+        if left.is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(
+        left.is_empty(),
+        "{} of {} still there",
+        left.len(),
+        came_back.len()
+    );
+    e.close().await.unwrap();
+    std::fs::remove_dir_all(&base).unwrap();
+}

@@ -1,7 +1,7 @@
 //! Counts requests and bytes per kind, for `bucketfs status`, the cost figures of the benchmarks
 //! and the idle test.
 
-use super::{Bucket, ObjectInfo, PutMode, SharedBucket, StoreError};
+use super::{Bucket, DeleteMode, ObjectInfo, PutMode, SharedBucket, StoreError};
 use async_trait::async_trait;
 use bytes::Bytes;
 use serde::Serialize;
@@ -87,9 +87,9 @@ impl Bucket for CountingBucket {
         self.counters.bytes_read.fetch_add(r.len() as u64, Relaxed);
         Ok(r)
     }
-    async fn delete(&self, key: &str) -> Result<(), StoreError> {
+    async fn delete(&self, key: &str, mode: DeleteMode) -> Result<(), StoreError> {
         self.counters.delete.fetch_add(1, Relaxed);
-        self.note(self.inner.delete(key).await)
+        self.note(self.inner.delete(key, mode).await)
     }
     async fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, StoreError> {
         self.counters.list.fetch_add(1, Relaxed);

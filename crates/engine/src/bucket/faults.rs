@@ -1,6 +1,6 @@
 //! Injects object-store failures and latency, for tests of retries, EIO paths and crashes.
 
-use super::{Bucket, ObjectInfo, PutMode, SharedBucket, StoreError};
+use super::{Bucket, DeleteMode, ObjectInfo, PutMode, SharedBucket, StoreError};
 use async_trait::async_trait;
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -82,9 +82,9 @@ impl Bucket for FaultyBucket {
         self.check(false).await?;
         self.inner.get_range(key, range).await
     }
-    async fn delete(&self, key: &str) -> Result<(), StoreError> {
+    async fn delete(&self, key: &str, mode: DeleteMode) -> Result<(), StoreError> {
         self.check(false).await?;
-        self.inner.delete(key).await
+        self.inner.delete(key, mode).await
     }
     async fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, StoreError> {
         self.check(false).await?;

@@ -6,7 +6,8 @@
 //! as a file of its own (create, write, fsync, link, fsync the directory: two journal commits,
 //! ~0.5 ms idle and over 1 ms under load on the test VM) then happens in the background; once
 //! that file is durable the record is released and its header zeroed. An object deleted while
-//! it is only in the journal never becomes a file: its record is released the same way.
+//! it is only in the journal never becomes a file: its record is released the same way, or,
+//! for garbage (`DeleteMode::Garbage`), forgotten: its space is reused without a write.
 //!
 //! Records are appended in a ring. Each starts on a block boundary with a header:
 //!
@@ -15,8 +16,9 @@
 //! CRC-32C of everything in the record but this field, as u64 (8) | key | data | zero padding
 //! ```
 //!
-//! A valid record whose header was not zeroed holds an object that may not exist as a file yet;
-//! opening the journal returns those records, in order, so the caller can write their files.
+//! A valid record whose header was not zeroed holds an object that may not exist as a file yet
+//! (or garbage, forgotten since, which may come back); opening the journal returns those
+//! records, in order, so the caller can write their files.
 
 use crc_fast::CrcAlgorithm;
 use parking_lot::{Condvar, Mutex};
@@ -79,6 +81,8 @@ struct Ring {
     head: u64,
     next_record: u64,
     live: VecDeque<Slot>,
+    /// A record was forgotten since the journal was last emptied: its header may still be valid.
+    forgotten: bool,
 }
 
 impl Ring {
@@ -271,13 +275,40 @@ impl Journal {
             &self.zero_block[skew..skew + BLOCK_BYTES],
             start % JOURNAL_BYTES,
         );
+        self.free(ticket);
+        zeroed
+    }
+
+    /// The record's object is garbage (deleted with `DeleteMode::Garbage`): free its space
+    /// without zeroing its header. Until a later record overwrites it, a crash brings the
+    /// object back, which such a deletion allows; nothing is written.
+    pub fn forget(&self, ticket: Ticket) {
+        self.ring.lock().forgotten = true;
+        self.free(ticket);
+    }
+
+    /// Once every record is released (a clean stop), empties the journal if a forgotten
+    /// record may still be valid in it, so that its garbage does not come back at the next
+    /// start. Does nothing while a record is live.
+    pub fn erase_forgotten(&self) -> std::io::Result<()> {
+        let due = {
+            let ring = self.ring.lock();
+            ring.forgotten && ring.live.is_empty()
+        };
+        if due {
+            self.reset()?;
+        }
+        Ok(())
+    }
+
+    /// Frees the record's space once every earlier record is free too.
+    fn free(&self, ticket: Ticket) {
         let mut ring = self.ring.lock();
         let at = ring.slot(ticket.record);
         ring.live[at].released = true;
         while ring.live.front().is_some_and(|s| s.released) {
             ring.live.pop_front();
         }
-        zeroed
     }
 
     /// Bytes of the ring between its oldest unreleased record and its head: when this nears
@@ -402,4 +433,53 @@ fn scan(image: &[u8]) -> Vec<Record> {
     }
     found.sort_by_key(|(record, _)| *record);
     found.into_iter().map(|(_, r)| r).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn forgotten_records_free_their_space_without_a_write_until_erased() {
+        let dir = std::env::temp_dir().join(format!("bucketfs-forget-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("journal");
+        let (journal, _) = Journal::open(&path).unwrap();
+        let a = journal
+            .append("log/1", b"first")
+            .unwrap()
+            .expect("direct I/O");
+        let b = journal
+            .append("log/2", b"second")
+            .unwrap()
+            .expect("direct I/O");
+        journal.forget(a);
+        journal.release(b).unwrap();
+        journal.sync().unwrap();
+        assert_eq!(journal.used_bytes(), 0, "both records' space is free");
+        let keys: Vec<String> = read_records(&path)
+            .unwrap()
+            .into_iter()
+            .map(|r| r.key)
+            .collect();
+        assert_eq!(
+            keys,
+            ["log/1"],
+            "the forgotten record is still valid, the released one not"
+        );
+        let c = journal
+            .append("log/3", b"third")
+            .unwrap()
+            .expect("direct I/O");
+        journal.erase_forgotten().unwrap();
+        assert_eq!(
+            read_records(&path).unwrap().len(),
+            2,
+            "not erased while a record is live"
+        );
+        journal.release(c).unwrap();
+        journal.erase_forgotten().unwrap();
+        assert!(read_records(&path).unwrap().is_empty());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

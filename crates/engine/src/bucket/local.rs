@@ -10,7 +10,7 @@
 //! engine's own cache, not the kernel's, keeps what is worth keeping.
 
 use super::journal::{self, Journal, Ticket};
-use super::{Bucket, ObjectInfo, PutMode, StoreError};
+use super::{Bucket, DeleteMode, ObjectInfo, PutMode, StoreError};
 use async_trait::async_trait;
 use bytes::Bytes;
 use parking_lot::{Condvar, Mutex};
@@ -393,9 +393,10 @@ impl Journaling {
     }
 
     /// Deletes an object that is held in memory. `Some(Ok)` once a journaled object's record is
-    /// durably cleared (it never becomes a file); `Some(Err)` if it is being written
-    /// (appended or stored as a file) and stays so for too long; `None` if it is not held.
-    async fn delete(&self, key: &str) -> Option<Result<(), StoreError>> {
+    /// durably cleared, or, for garbage, forgotten (it never becomes a file, though a crash may
+    /// bring garbage back); `Some(Err)` if it is being written (appended or stored as a file)
+    /// and stays so for too long; `None` if it is not held.
+    async fn delete(&self, key: &str, mode: DeleteMode) -> Option<Result<(), StoreError>> {
         let shared = &self.shared;
         for _ in 0..JOURNALED_DELETE_WAIT_MS {
             let ticket = {
@@ -417,6 +418,10 @@ impl Journaling {
                 }
             };
             if let Some(ticket) = ticket {
+                if mode == DeleteMode::Garbage {
+                    shared.journal.forget(ticket);
+                    return Some(Ok(()));
+                }
                 let (shared, owned_key) = (shared.clone(), key.to_string());
                 return Some(
                     blocking(move || {
@@ -435,12 +440,16 @@ impl Journaling {
         ))))
     }
 
-    /// Stops journaling once every journaled object is stored as a file.
+    /// Stops journaling once every journaled object is stored as a file, and leaves the
+    /// journal empty.
     fn stop(&self) {
         self.shared.held.lock().stopping = true;
         self.shared.wake.notify_one();
         if let Some(storer) = self.storer.lock().take() {
             let _ = storer.join();
+            if let Err(e) = self.shared.journal.erase_forgotten() {
+                tracing::warn!(error = %e, "cannot empty the journal; deleted garbage in it comes back at the next start, to be deleted again");
+            }
         }
     }
 }
@@ -766,20 +775,28 @@ impl Bucket for LocalBucket {
         }
     }
 
-    async fn delete(&self, key: &str) -> Result<(), StoreError> {
+    async fn delete(&self, key: &str, mode: DeleteMode) -> Result<(), StoreError> {
         check_key(key)?;
         if let Some(j) = self.journaling.get() {
-            if let Some(result) = j.delete(key).await {
+            if let Some(result) = j.delete(key, mode).await {
                 return result;
             }
         }
         self.open_files.lock().remove(key);
         let path = self.path(key);
         let key = key.to_string();
-        blocking(move || match std::fs::remove_file(&path) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(io_error(&key, e)),
+        blocking(move || {
+            match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
+                Err(e) => return Err(io_error(&key, e)),
+            }
+            // An unlink is durable once its directory is synced.
+            if mode == DeleteMode::Durable {
+                let dir = path.parent().expect("an object's path has a directory");
+                fsync_dir(dir).map_err(|e| io_error(&key, e))?;
+            }
+            Ok(())
         })
         .await
     }
@@ -883,8 +900,8 @@ mod tests {
             .collect();
         assert_eq!(keys, vec!["a.json".to_string(), "log/1".to_string()]);
         assert_eq!(b.list("log/").await.unwrap().len(), 1);
-        b.delete("log/1").await.unwrap();
-        b.delete("log/1").await.unwrap();
+        b.delete("log/1", DeleteMode::Durable).await.unwrap();
+        b.delete("log/1", DeleteMode::Garbage).await.unwrap();
         assert_eq!(
             b.get("log/1").await,
             Err(StoreError::NotFound("log/1".into()))
@@ -1030,20 +1047,39 @@ mod tests {
         b.put("log/5", Bytes::from_static(b"fifth"), PutMode::Create)
             .await
             .unwrap();
-        b.delete("log/5").await.unwrap();
+        b.delete("log/5", DeleteMode::Durable).await.unwrap();
         assert_eq!(
             b.get("log/5").await,
             Err(StoreError::NotFound("log/5".into()))
         );
+        // Deleted as garbage: gone at once, but nothing is written, so a crash now may bring
+        // it back.
+        b.put("log/6", Bytes::from_static(b"sixth"), PutMode::Create)
+            .await
+            .unwrap();
+        b.delete("log/6", DeleteMode::Garbage).await.unwrap();
+        assert_eq!(
+            b.get("log/6").await,
+            Err(StoreError::NotFound("log/6".into()))
+        );
+        assert_eq!(b.list("log/").await.unwrap().len(), 3, "log/1, 2 and 4");
         let (_, in_journal) = Journal::open(&path).unwrap();
         let keys: Vec<&str> = in_journal.iter().map(|r| r.key.as_str()).collect();
-        assert_eq!(keys, ["log/4"], "a crash now brings back log/4, not log/5");
+        assert_eq!(
+            keys,
+            ["log/4", "log/6"],
+            "a crash now brings back log/4 and the garbage log/6, not log/5"
+        );
         b.end_writing().await.unwrap();
         assert_eq!(std::fs::read(dir.join("log/4")).unwrap(), b"fourth");
         assert!(!dir.join("log/5").exists());
+        assert!(!dir.join("log/6").exists());
         drop(b);
         let (_, left) = Journal::open(&path).unwrap();
-        assert!(left.is_empty(), "every record was released");
+        assert!(
+            left.is_empty(),
+            "every record was released and the forgotten one erased by the clean stop"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -41,6 +41,17 @@ pub enum PutMode {
     Create,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeleteMode {
+    /// Gone for good once acknowledged, a crash included.
+    Durable,
+    /// Garbage: gone for every later request once acknowledged, but a crash of this process or
+    /// machine may bring it back (the store need not make the deletion durable, now or ever).
+    /// Only for objects whose return is harmless and whose key is never used again: the engine
+    /// collects them again (docs/0002, "Deleting garbage").
+    Garbage,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ObjectInfo {
     pub key: String,
@@ -52,7 +63,8 @@ pub trait Bucket: Send + Sync + 'static {
     async fn put(&self, key: &str, data: Bytes, mode: PutMode) -> Result<(), StoreError>;
     async fn get(&self, key: &str) -> Result<Bytes, StoreError>;
     async fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes, StoreError>;
-    async fn delete(&self, key: &str) -> Result<(), StoreError>;
+    /// Deleting a missing object succeeds.
+    async fn delete(&self, key: &str, mode: DeleteMode) -> Result<(), StoreError>;
     /// Every object whose key starts with `prefix` (a folder such as `log/`), in key order.
     async fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, StoreError>;
     /// Called once by the writer, holding the writer lock, before it reads the bucket. A bucket

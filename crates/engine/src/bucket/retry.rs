@@ -1,6 +1,6 @@
 //! Retries transient object-store failures with exponential backoff.
 
-use super::{Bucket, ObjectInfo, PutMode, SharedBucket, StoreError};
+use super::{Bucket, DeleteMode, ObjectInfo, PutMode, SharedBucket, StoreError};
 use crate::limits::{STORE_ATTEMPTS_MAX, STORE_REQUEST_TIMEOUT_MS, STORE_RETRY_BASE_DELAY_MS};
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -67,8 +67,9 @@ impl Bucket for RetryingBucket {
         self.run("GET", key, || self.inner.get_range(key, range.clone()))
             .await
     }
-    async fn delete(&self, key: &str) -> Result<(), StoreError> {
-        self.run("DELETE", key, || self.inner.delete(key)).await
+    async fn delete(&self, key: &str, mode: DeleteMode) -> Result<(), StoreError> {
+        self.run("DELETE", key, || self.inner.delete(key, mode))
+            .await
     }
     async fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, StoreError> {
         self.run("LIST", prefix, || self.inner.list(prefix)).await

@@ -1,6 +1,6 @@
 //! [`Bucket`] over the object_store crate: `s3://`, `gs://`, `az://`, `file://`, `memory://`.
 
-use super::{Bucket, ObjectInfo, PutMode, StoreError};
+use super::{Bucket, DeleteMode, ObjectInfo, PutMode, StoreError};
 use crate::limits::STORE_REQUEST_TIMEOUT_MS;
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -151,7 +151,8 @@ impl Bucket for ObjectStoreBucket {
         Ok(data)
     }
 
-    async fn delete(&self, key: &str) -> Result<(), StoreError> {
+    /// Either mode: an object store's acknowledged DELETE is durable.
+    async fn delete(&self, key: &str, _mode: DeleteMode) -> Result<(), StoreError> {
         match self.store.delete(&Path::from(key)).await.map_err(classify) {
             Err(StoreError::NotFound(_)) => Ok(()),
             other => other,
