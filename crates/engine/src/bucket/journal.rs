@@ -7,7 +7,8 @@
 //! ~0.5 ms idle and over 1 ms under load on the test VM) then happens in the background; once
 //! that file is durable the record is released and its header zeroed. An object deleted while
 //! it is only in the journal never becomes a file: its record is released the same way, or,
-//! for garbage (`DeleteMode::Garbage`), forgotten: its space is reused without a write.
+//! for garbage (`DeleteMode::Garbage`), forgotten, and zeroed later with other forgotten
+//! records by a few long writes that are not synced.
 //!
 //! Records are appended in a ring. Each starts on a block boundary with a header:
 //!
@@ -17,8 +18,8 @@
 //! ```
 //!
 //! A valid record whose header was not zeroed holds an object that may not exist as a file yet
-//! (or garbage, forgotten since, which may come back); opening the journal returns those
-//! records, in order, so the caller can write their files.
+//! (or garbage forgotten just before a crash, which may come back); opening the journal
+//! returns those records, in order, so the caller can write their files.
 
 use crc_fast::CrcAlgorithm;
 use parking_lot::{Condvar, Mutex};
@@ -44,6 +45,12 @@ const MAGIC: &[u8; 8] = b"BFSJRN01";
 const KEY_BYTES_MAX: usize = 1024;
 const RECORD_BYTES_MAX: usize =
     (HEADER_BYTES + KEY_BYTES_MAX + JOURNAL_OBJECT_BYTES_MAX).next_multiple_of(BLOCK_BYTES);
+/// Forgotten records are zeroed by direct writes of at most this many bytes (a run of
+/// adjacent records is one write, split at this size).
+const ERASE_WRITE_BYTES_MAX: usize = 1024 * 1024;
+/// Records zeroed by one run of `erase_forgotten` before their space is freed: bounds how much
+/// space one slow run holds back.
+const ERASE_RUN_RECORDS_MAX: usize = 1024;
 /// Record buffers kept for reuse: one per append in flight (UPLOADS_IN_FLIGHT_MAX) and a few.
 const SPARE_BUFFERS_MAX: usize = 8;
 const _: () = assert!(JOURNAL_BYTES.is_multiple_of(BLOCK_BYTES as u64));
@@ -72,7 +79,17 @@ impl Ticket {
 struct Slot {
     record: u64,
     start: u64,
-    released: bool,
+    len: u64,
+    state: SlotState,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SlotState {
+    Live,
+    /// Its object is garbage: its header is to be zeroed by `erase_forgotten`.
+    Forgotten,
+    /// Free once every earlier slot is.
+    Released,
 }
 
 /// Positions are logical (ever growing); the file offset is the position modulo JOURNAL_BYTES.
@@ -81,8 +98,6 @@ struct Ring {
     head: u64,
     next_record: u64,
     live: VecDeque<Slot>,
-    /// A record was forgotten since the journal was last emptied: its header may still be valid.
-    forgotten: bool,
 }
 
 impl Ring {
@@ -112,6 +127,8 @@ pub struct Journal {
     spare_buffers: Mutex<Vec<Vec<u8>>>,
     /// One zeroed block, aligned: what `release` writes over a header.
     zero_block: Vec<u8>,
+    /// ERASE_WRITE_BYTES_MAX zeroed bytes, aligned: what `erase_forgotten` writes.
+    erase_zeros: Vec<u8>,
 }
 
 #[derive(Debug)]
@@ -167,6 +184,7 @@ impl Journal {
             synced: Condvar::new(),
             spare_buffers: Mutex::default(),
             zero_block: vec![0u8; 2 * BLOCK_BYTES],
+            erase_zeros: vec![0u8; ERASE_WRITE_BYTES_MAX + BLOCK_BYTES],
         };
         // A journal of the right size without records needs nothing: every block was written
         // when it was created, and nothing in it is valid.
@@ -217,7 +235,8 @@ impl Journal {
             ring.live.push_back(Slot {
                 record,
                 start,
-                released: false,
+                len: len as u64,
+                state: SlotState::Live,
             });
             (record, start)
         };
@@ -275,38 +294,78 @@ impl Journal {
             &self.zero_block[skew..skew + BLOCK_BYTES],
             start % JOURNAL_BYTES,
         );
-        self.free(ticket);
+        self.set_state(&[ticket.record], SlotState::Released);
         zeroed
     }
 
-    /// The record's object is garbage (deleted with `DeleteMode::Garbage`): free its space
-    /// without zeroing its header. Until a later record overwrites it, a crash brings the
-    /// object back, which such a deletion allows; nothing is written.
+    /// The record's object is garbage (deleted with `DeleteMode::Garbage`): its header is
+    /// zeroed later, with those of other forgotten records, by `erase_forgotten`, and only then
+    /// is its space freed. Until then a crash brings the object back, which such a deletion
+    /// allows. Nothing is written or synced here.
     pub fn forget(&self, ticket: Ticket) {
-        self.ring.lock().forgotten = true;
-        self.free(ticket);
+        self.set_state(&[ticket.record], SlotState::Forgotten);
     }
 
-    /// Once every record is released (a clean stop), empties the journal if a forgotten
-    /// record may still be valid in it, so that its garbage does not come back at the next
-    /// start. Does nothing while a record is live.
+    /// Zeroes the forgotten records and frees their space. Adjacent ones (most of them: the
+    /// collector deletes a checkpoint's dead objects at once, and they were appended one after
+    /// another) are zeroed whole, by one direct write per run of up to `ERASE_WRITE_BYTES_MAX`,
+    /// instead of a write per record. Not synced: the zeros become durable with the next
+    /// record's synchronous write, and a forgotten record that a crash keeps is garbage anyway.
+    /// The storer thread calls this; it is the only caller, so no run is zeroed twice.
     pub fn erase_forgotten(&self) -> std::io::Result<()> {
-        let due = {
+        let runs: Vec<(u64, u64, Vec<u64>)> = {
             let ring = self.ring.lock();
-            ring.forgotten && ring.live.is_empty()
+            let mut runs: Vec<(u64, u64, Vec<u64>)> = Vec::new();
+            for slot in ring.live.iter().filter(|s| s.state == SlotState::Forgotten) {
+                match runs.last_mut() {
+                    Some((_, end, records))
+                        if *end == slot.start
+                            && slot.start % JOURNAL_BYTES != 0
+                            && records.len() < ERASE_RUN_RECORDS_MAX =>
+                    {
+                        *end += slot.len;
+                        records.push(slot.record);
+                    }
+                    _ => runs.push((slot.start, slot.start + slot.len, vec![slot.record])),
+                }
+            }
+            runs
         };
-        if due {
-            self.reset()?;
+        let Some(direct) = &self.direct else {
+            return Ok(());
+        };
+        let mut result = Ok(());
+        for (start, end, records) in runs {
+            let mut at = start;
+            while at < end && result.is_ok() {
+                let n = (end - at).min(ERASE_WRITE_BYTES_MAX as u64) as usize;
+                let skew = block_skew(&self.erase_zeros);
+                result = direct
+                    .clear
+                    .write_all_at(&self.erase_zeros[skew..skew + n], at % JOURNAL_BYTES);
+                at += n as u64;
+            }
+            if result.is_err() {
+                // Left forgotten: tried again next time.
+                break;
+            }
+            self.set_state(&records, SlotState::Released);
         }
-        Ok(())
+        result
     }
 
-    /// Frees the record's space once every earlier record is free too.
-    fn free(&self, ticket: Ticket) {
+    /// Sets the state of live records, then frees the released ones at the front.
+    fn set_state(&self, records: &[u64], state: SlotState) {
         let mut ring = self.ring.lock();
-        let at = ring.slot(ticket.record);
-        ring.live[at].released = true;
-        while ring.live.front().is_some_and(|s| s.released) {
+        for &record in records {
+            let at = ring.slot(record);
+            ring.live[at].state = state;
+        }
+        while ring
+            .live
+            .front()
+            .is_some_and(|s| s.state == SlotState::Released)
+        {
             ring.live.pop_front();
         }
     }
@@ -439,47 +498,60 @@ fn scan(image: &[u8]) -> Vec<Record> {
 mod tests {
     use super::*;
 
+    fn keys(path: &Path) -> Vec<String> {
+        read_records(path)
+            .unwrap()
+            .into_iter()
+            .map(|r| r.key)
+            .collect()
+    }
+
     #[test]
-    fn forgotten_records_free_their_space_without_a_write_until_erased() {
+    fn forgotten_records_stay_valid_until_erased_in_runs_then_their_space_is_free() {
         let dir = std::env::temp_dir().join(format!("bucketfs-forget-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("journal");
         let (journal, _) = Journal::open(&path).unwrap();
-        let a = journal
-            .append("log/1", b"first")
-            .unwrap()
-            .expect("direct I/O");
-        let b = journal
-            .append("log/2", b"second")
-            .unwrap()
-            .expect("direct I/O");
-        journal.forget(a);
-        journal.release(b).unwrap();
-        journal.sync().unwrap();
-        assert_eq!(journal.used_bytes(), 0, "both records' space is free");
-        let keys: Vec<String> = read_records(&path)
-            .unwrap()
-            .into_iter()
-            .map(|r| r.key)
+        let mut tickets: Vec<Ticket> = ["log/1", "log/2", "log/3", "log/4"]
+            .iter()
+            .map(|k| {
+                journal
+                    .append(k, k.as_bytes())
+                    .unwrap()
+                    .expect("direct I/O")
+            })
             .collect();
+        let used = journal.used_bytes();
+        let d = tickets.pop().unwrap();
+        let c = tickets.pop().unwrap();
+        let b = tickets.pop().unwrap();
+        let a = tickets.pop().unwrap();
+        journal.forget(a);
+        journal.forget(b);
+        journal.forget(d);
         assert_eq!(
-            keys,
-            ["log/1"],
-            "the forgotten record is still valid, the released one not"
+            journal.used_bytes(),
+            used,
+            "forgotten records hold their space"
         );
-        let c = journal
-            .append("log/3", b"third")
-            .unwrap()
-            .expect("direct I/O");
+        assert_eq!(
+            keys(&path),
+            ["log/1", "log/2", "log/3", "log/4"],
+            "nothing is written when a record is forgotten"
+        );
         journal.erase_forgotten().unwrap();
         assert_eq!(
-            read_records(&path).unwrap().len(),
-            2,
-            "not erased while a record is live"
+            keys(&path),
+            ["log/3"],
+            "the live record between them is untouched"
+        );
+        assert!(
+            journal.used_bytes() < used,
+            "the first two records' space is free"
         );
         journal.release(c).unwrap();
-        journal.erase_forgotten().unwrap();
-        assert!(read_records(&path).unwrap().is_empty());
+        assert_eq!(journal.used_bytes(), 0);
+        assert!(keys(&path).is_empty());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
