@@ -86,7 +86,7 @@ struct Slot {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum SlotState {
     Live,
-    /// Its object is garbage: its header is to be zeroed by `erase_forgotten`.
+    /// Its object is garbage: the record is to be zeroed by `erase_forgotten`.
     Forgotten,
     /// Free once every earlier slot is.
     Released,
@@ -298,9 +298,9 @@ impl Journal {
         zeroed
     }
 
-    /// The record's object is garbage (deleted with `DeleteMode::Garbage`): its header is
-    /// zeroed later, with those of other forgotten records, by `erase_forgotten`, and only then
-    /// is its space freed. Until then a crash brings the object back, which such a deletion
+    /// The record's object is garbage (deleted with `DeleteMode::Garbage`): the record is
+    /// zeroed later, with other forgotten records, by `erase_forgotten`, and only then is its
+    /// space freed. Until then a crash brings the object back, which such a deletion
     /// allows. Nothing is written or synced here.
     pub fn forget(&self, ticket: Ticket) {
         self.set_state(&[ticket.record], SlotState::Forgotten);
