@@ -31,8 +31,10 @@ pub const READ_ONLY_OPEN_ATTEMPTS: u32 = 5;
 pub const OBJECT_BUFFERS_KEPT: usize = UPLOADS_IN_FLIGHT_MAX + 2;
 
 /// Log objects up to this size are copied out of their pooled buffer when they are handed to
-/// the store (object_buffer.rs); larger ones are uploaded from the buffer itself.
-pub const COPIED_OBJECT_BYTES_MAX: usize = 256 * 1024;
+/// the store (object_buffer.rs); larger ones are uploaded from the buffer itself. As large as
+/// the objects a `file://` bucket's journal holds in memory for up to 30 s: a buffer is sized
+/// for the batch before compression, several times its object, and held buffers drain the pool.
+pub const COPIED_OBJECT_BYTES_MAX: usize = crate::bucket::journal::JOURNAL_OBJECT_BYTES_MAX;
 
 /// Buffers of evicted extents kept for reuse by writes (extent_buffers.rs): 32 MiB, more than
 /// one log object of a write-heavy flush evicts at once.
