@@ -1,6 +1,7 @@
 # shellcheck shell=bash
-# bench/common.sh — what bench/run and bench/ab share: PostgreSQL's settings, the state every
-# pgbench run starts from, and CPU counters. Sourced after tests/lib.sh and tests/blockstack.sh.
+# bench/common.sh — what bench/run, bench/ab and bench/versus share: PostgreSQL's settings, the
+# state every pgbench run starts from, CPU counters and one pgbench slice. Sourced after
+# tests/lib.sh and tests/blockstack.sh.
 
 # postgresql.conf lines, identical on every target and in every comparison:
 #   bench_pg_settings SHARED_BUFFERS MAX_WAL_SIZE CLIENTS   (synchronous_commit is set per run)
@@ -46,4 +47,38 @@ with open("/proc/stat") as f:
 print(json.dumps({"server_s": process_s(sys.argv[1]), "nbdfuse_s": process_s(sys.argv[2]),
                   "machine_busy_s": (sum(cpu) - cpu[3] - cpu[4]) / tick, "machine_s": sum(cpu) / tick}))
 PY
+}
+
+# One slice of a workload on the cluster the PG_* variables name: bench_pg_prepare, then pgbench
+# (prepared statements) with the CPU counters read around it. Prints
+# "TPS<TAB>server CPU µs per transaction<TAB>machine busy share" (the CPU empty without a PID).
+#   bench_slice SERVER_PID SYNCHRONOUS_COMMIT DURATION_S CLIENTS [PGBENCH_ARG...]
+bench_slice() {
+    local pid=$1 sync=$2 duration=$3 clients=$4 before after out
+    shift 4
+    bench_pg_prepare
+    before=$(cpu_counters "$pid" "")
+    out=$(PGOPTIONS="-c synchronous_commit=$sync" pg_as pgbench -h "$PG_SOCK" -p "$PG_PORT" -U postgres \
+        -n -M prepared -c "$clients" -j "$(($(nproc) < clients ? $(nproc) : clients))" -T "$duration" \
+        "$@" postgres 2>&1) || { echo "$out" >&2; return 1; }
+    after=$(cpu_counters "$pid" "")
+    python3 - "$before" "$after" "$out" <<'PY'
+import json, re, sys
+b, a, out = json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3]
+tps = float(re.search(r"^tps = ([0-9.]+)", out, re.M).group(1))
+tx = int(re.search(r"^number of transactions actually processed: (\d+)", out, re.M).group(1))
+busy = (a["machine_busy_s"] - b["machine_busy_s"]) / (a["machine_s"] - b["machine_s"])
+cpu = "" if b["server_s"] is None or a["server_s"] is None else "%.1f" % ((a["server_s"] - b["server_s"]) * 1e6 / tx)
+print("%.1f\t%s\t%.3f" % (tps, cpu, busy))
+PY
+}
+
+# The synchronous_commit setting and pgbench arguments of a workload name, as
+# "SYNC [ARG...]"; empty for an unknown name.
+bench_workload() {
+    case $1 in
+    rw-sync) echo on ;;
+    rw-async) echo off ;;
+    ro) echo "on -S" ;;
+    esac
 }

@@ -20,6 +20,8 @@
 #      ratio per round (the reference's ratios all 1) and their medians.
 #   4. (file backend) bench/ab with one binary as both A and B, 4 slices of 3 s: the slices ran
 #      in A B B A order, each has its TPS and the server's CPU, and the summary its ratios.
+#   5. (file backend) bench/versus, nbdkit against bucketfs, rw-sync and ro in 4 slices of 3 s
+#      each: the same checks per workload.
 set -euo pipefail
 # shellcheck source=tests/lib.sh
 source "$(dirname "$0")/lib.sh"
@@ -329,14 +331,44 @@ run_ab() {
 import csv, os, sys
 d = sys.argv[1]
 rows = list(csv.DictReader(open(os.path.join(d, "slices.tsv")), delimiter="\t"))
-assert [r["binary"] for r in rows] == ["A", "B", "B", "A"], rows
+assert [r["side"] for r in rows] == ["A", "B", "B", "A"], rows
 for r in rows:
     assert float(r["tps"]) > 0 and float(r["server_cpu_us_per_tx"]) > 0 and 0 < float(r["machine_busy"]) <= 1, r
 text = open(os.path.join(d, "summary.txt")).read()
-assert "B/A TPS, mean of 2 neighbouring pairs" in text and "B/A server CPU per transaction" in text, text
+assert "B/A TPS over 2 neighbouring pairs: mean" in text and "B/A server CPU per transaction over 2" in text, text
 print("ok - bench/ab: 4 slices in A B B A order, TPS, CPU and the pair ratios")
 PY
     log "ok - bench/ab: summary complete"
+}
+
+# bench/versus, nbdkit against bucketfs, two workloads of 4 short slices: both stacks were up at
+# once (the slices alternate without a restart), every slice has a TPS and the server's CPU, and
+# the summary has both workloads with their ratios.
+run_versus() {
+    local results=$TEST_DIR/versus rc=0
+    log "bench/versus --workloads rw-sync,ro --slices 4 --duration 3 --scale 1"
+    timeout --kill-after=20 "$BENCH_TIMEOUT_S" "$REPO_ROOT/bench/versus" --workloads rw-sync,ro --slices 4 \
+        --duration 3 --scale 1 --clients 4 --results "$results" >"$TEST_DIR/versus.out" 2>&1 || rc=$?
+    if ((rc != 0)); then
+        tail -n 40 "$TEST_DIR/versus.out" >&2
+        die "bench/versus exited $rc"
+    fi
+    python3 - "$results" <<'PY' || die "bench/versus: results incomplete"
+import csv, os, sys
+d = sys.argv[1]
+for workload in ("rw-sync", "ro"):
+    rows = list(csv.DictReader(open(os.path.join(d, "slices-%s.tsv" % workload)), delimiter="\t"))
+    assert [r["side"] for r in rows] == ["A", "B", "B", "A"], rows
+    for r in rows:
+        assert float(r["tps"]) > 0 and 0 < float(r["machine_busy"]) <= 1, r
+        # rw-sync reaches both servers; read-only may be served from PostgreSQL's buffers alone.
+        assert r["server_cpu_us_per_tx"] != "" and (workload == "ro" or float(r["server_cpu_us_per_tx"]) > 0), r
+text = open(os.path.join(d, "summary.txt")).read()
+assert text.count("B/A TPS over 2 neighbouring pairs: mean") == 2, text
+assert "A nbdkit" in text and "B bucketfs" in text and text.index("rw-sync:") < text.index("ro:"), text
+print("ok - bench/versus: two workloads of 4 slices in A B B A order, TPS, CPU and the pair ratios")
+PY
+    log "ok - bench/versus: summary complete"
 }
 
 for backend in $BUCKETFS_TEST_BACKENDS; do
@@ -346,6 +378,7 @@ for backend in $BUCKETFS_TEST_BACKENDS; do
         run_bench tiny-file local,bucketfs-file,bucketfs-s3-lat --latency 10ms --bandwidth 50MB/s
         run_rounds
         run_ab
+        run_versus
         ;;
     s3)
         run_bench tiny-s3 local,bucketfs-s3,peer \

@@ -6,7 +6,8 @@
 #
 # Sourced (after tests/lib.sh where that exists). Safe under set -euo pipefail. Needs bash, root, nbdfuse, losetup, mkfs.ext4,
 # e2fsck, fusermount3, fuser and PostgreSQL 15 from Debian. One stack and one PostgreSQL at a time
-# per shell: the state lives in the STACK_* and PG_* variables below.
+# per shell: the state lives in the STACK_* and PG_* variables below (stack_save and stack_use
+# switch between several).
 #
 # Block stack
 #   stack_attach_nbd URI DIR     nbdfuse DIR/fuse URI (in the background), then losetup the file
@@ -24,6 +25,9 @@
 #                                it from an EXIT trap.
 #   stack_kill9_nbdfuse          SIGKILL nbdfuse (the crash test). The FUSE connection aborts, so
 #                                I/O on the loop device fails from then on instead of hanging.
+#   stack_save NAME, stack_use NAME   keep the STACK_* and PG_* variables under NAME, and make
+#                                the stack and cluster kept under NAME the current ones: several
+#                                stacks at once in one shell (bench/versus), one current at a time.
 #
 # PostgreSQL (runs as the postgres user; binaries from PG_BIN)
 #   pg_init DATADIR SOCKDIR PORT [CONF_LINE...]  initdb (with data checksums) and append settings
@@ -56,6 +60,21 @@ PG_LOG=
 PG_POSTMASTER_PID=
 
 stack_log() { echo "[blockstack] $*" >&2; }
+
+STACK_STATE_VARS=(STACK_FUSE_DIR STACK_FUSE_PID STACK_LOOP STACK_MNT PG_DATA PG_SOCK PG_PORT PG_LOG PG_POSTMASTER_PID)
+
+stack_save() {
+    local v
+    for v in "${STACK_STATE_VARS[@]}"; do printf -v "STACK_SAVED_${1}_$v" '%s' "${!v}"; done
+}
+
+stack_use() {
+    local v saved
+    for v in "${STACK_STATE_VARS[@]}"; do
+        saved=STACK_SAVED_${1}_$v
+        printf -v "$v" '%s' "${!saved-}"
+    done
+}
 
 # When tests/lib.sh is loaded, also hand what we start to its exit trap: a safety net in case a
 # script dies before its own teardown ran.
