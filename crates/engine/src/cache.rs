@@ -3,6 +3,7 @@
 //! so it is emptied at every start and may be deleted at any time.
 
 use parking_lot::Mutex;
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 
 pub struct DiskCache {
@@ -11,9 +12,56 @@ pub struct DiskCache {
     index: Mutex<Index>,
 }
 
+/// A cached piece: a whole log object, or one frame of it (at its offset).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+struct Key {
+    seq: u64,
+    frame_offset: Option<u32>,
+}
+
+impl Key {
+    fn object(seq: u64) -> Key {
+        Key {
+            seq,
+            frame_offset: None,
+        }
+    }
+
+    fn frame(seq: u64, offset: u32) -> Key {
+        Key {
+            seq,
+            frame_offset: Some(offset),
+        }
+    }
+
+    fn file_name(&self) -> String {
+        match self.frame_offset {
+            None => format!("{:020}", self.seq),
+            Some(offset) => format!("{:020}-{offset}", self.seq),
+        }
+    }
+}
+
 struct Index {
-    lru: lru::LruCache<String, u64>,
+    /// Size in bytes of every cached piece, least recently used first.
+    lru: lru::LruCache<Key, u64>,
+    /// The same keys in order, so that a deleted object's pieces are found without a scan of
+    /// the whole cache (the collector deletes thousands of objects a second under pgbench).
+    keys: BTreeSet<Key>,
     bytes: u64,
+}
+
+impl Index {
+    fn remove(&mut self, key: &Key) -> bool {
+        self.keys.remove(key);
+        match self.lru.pop(key) {
+            Some(size) => {
+                self.bytes -= size;
+                true
+            }
+            None => false,
+        }
+    }
 }
 
 impl DiskCache {
@@ -28,110 +76,154 @@ impl DiskCache {
             bytes_max,
             index: Mutex::new(Index {
                 lru: lru::LruCache::unbounded(),
+                keys: BTreeSet::new(),
                 bytes: 0,
             }),
         })
     }
 
-    fn object_name(seq: u64) -> String {
-        format!("{seq:020}")
-    }
-
-    fn frame_name(seq: u64, offset: u32) -> String {
-        format!("{seq:020}-{offset}")
-    }
-
     /// Bytes `offset..offset+length` of log object `seq`, if cached (whole or as that frame).
     pub fn get(&self, seq: u64, offset: u32, length: u32) -> Option<Vec<u8>> {
         use std::os::unix::fs::FileExt;
-        let (name, at) = {
+        let (key, at) = {
             let mut idx = self.index.lock();
-            let whole = Self::object_name(seq);
+            let whole = Key::object(seq);
             if idx.lru.get(&whole).is_some() {
                 (whole, u64::from(offset))
             } else {
-                let frame = Self::frame_name(seq, offset);
+                let frame = Key::frame(seq, offset);
                 match idx.lru.get(&frame) {
                     Some(&size) if size == u64::from(length) => (frame, 0),
                     _ => return None,
                 }
             }
         };
-        let file = std::fs::File::open(self.dir.join(&name)).ok()?;
+        let file = std::fs::File::open(self.dir.join(key.file_name())).ok()?;
         let mut buf = vec![0u8; length as usize];
         match file.read_exact_at(&mut buf, at) {
             Ok(()) => Some(buf),
             Err(_) => {
-                self.forget(&name);
+                self.forget(&key);
                 None
             }
         }
     }
 
     pub fn put_object(&self, seq: u64, bytes: &[u8]) {
-        self.insert(Self::object_name(seq), bytes);
+        self.insert(Key::object(seq), bytes);
     }
 
     pub fn put_frame(&self, seq: u64, offset: u32, bytes: &[u8]) {
-        self.insert(Self::frame_name(seq, offset), bytes);
+        self.insert(Key::frame(seq, offset), bytes);
     }
 
     /// Forgets what a deleted log object left here.
     pub fn drop_object(&self, seq: u64) {
-        let prefix = Self::object_name(seq);
-        let names: Vec<String> = {
+        let keys: Vec<Key> = {
             let idx = self.index.lock();
-            idx.lru
-                .iter()
-                .filter(|(k, _)| k.starts_with(&prefix))
-                .map(|(k, _)| k.clone())
+            idx.keys
+                .range(Key::object(seq)..=Key::frame(seq, u32::MAX))
+                .copied()
                 .collect()
         };
-        for n in names {
-            self.forget(&n);
+        for key in keys {
+            self.forget(&key);
         }
     }
 
-    fn forget(&self, name: &str) {
-        let mut idx = self.index.lock();
-        if let Some(size) = idx.lru.pop(name) {
-            idx.bytes -= size;
-            let _ = std::fs::remove_file(self.dir.join(name));
+    fn forget(&self, key: &Key) {
+        if self.index.lock().remove(key) {
+            let _ = std::fs::remove_file(self.dir.join(key.file_name()));
         }
     }
 
-    fn insert(&self, name: String, bytes: &[u8]) {
+    fn insert(&self, key: Key, bytes: &[u8]) {
         let size = bytes.len() as u64;
         if size > self.bytes_max {
             return;
         }
-        if let Err(e) = std::fs::write(self.dir.join(&name), bytes) {
+        if let Err(e) = std::fs::write(self.dir.join(key.file_name()), bytes) {
             tracing::warn!(error = %e, "disk cache write failed; continuing without caching");
             return;
         }
         let mut evicted = Vec::new();
         {
             let mut idx = self.index.lock();
-            if let Some(old) = idx.lru.put(name, size) {
-                idx.bytes -= old;
-            }
+            idx.remove(&key);
+            idx.lru.put(key, size);
+            idx.keys.insert(key);
             idx.bytes += size;
             while idx.bytes > self.bytes_max {
-                match idx.lru.pop_lru() {
-                    Some((n, s)) => {
-                        idx.bytes -= s;
-                        evicted.push(n);
-                    }
-                    None => break,
-                }
+                let Some((k, _)) = idx.lru.peek_lru().map(|(k, s)| (*k, *s)) else {
+                    break;
+                };
+                idx.remove(&k);
+                evicted.push(k);
             }
         }
-        for n in evicted {
-            let _ = std::fs::remove_file(self.dir.join(n));
+        for k in evicted {
+            let _ = std::fs::remove_file(self.dir.join(k.file_name()));
         }
     }
 
     pub fn bytes(&self) -> u64 {
         self.index.lock().bytes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn files(cache: &DiskCache) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(&cache.dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn dropping_an_object_forgets_its_pieces_only_and_size_stays_bounded() {
+        let dir = std::env::temp_dir().join(format!("bucketfs-diskcache-{}", std::process::id()));
+        let cache = DiskCache::open(dir.clone(), 100).unwrap();
+        cache.put_object(7, &[7; 30]);
+        cache.put_frame(7, 4, &[1; 10]);
+        cache.put_frame(8, 0, &[8; 10]);
+        cache.put_object(70, &[70; 10]);
+        assert_eq!(cache.bytes(), 60);
+        assert_eq!(
+            cache.get(7, 2, 3),
+            Some(vec![7; 3]),
+            "read from the whole object"
+        );
+        assert_eq!(cache.get(8, 0, 10), Some(vec![8; 10]));
+        assert_eq!(
+            cache.get(8, 0, 9),
+            None,
+            "a frame is found by its exact length"
+        );
+
+        cache.drop_object(7);
+        assert_eq!(cache.bytes(), 20);
+        assert_eq!(cache.get(7, 2, 3), None);
+        assert_eq!(
+            files(&cache),
+            ["00000000000000000008-0", "00000000000000000070"],
+            "only object 7's pieces are gone"
+        );
+
+        // Over the bound, the least recently used go first: 8's frame was read last.
+        assert!(cache.get(8, 0, 10).is_some());
+        cache.put_object(9, &[9; 85]);
+        assert!(cache.bytes() <= 100);
+        assert_eq!(
+            files(&cache),
+            ["00000000000000000008-0", "00000000000000000009"]
+        );
+        cache.put_object(9, &[9; 5]);
+        assert_eq!(cache.bytes(), 15, "a piece put again replaces its size");
+        std::fs::remove_dir_all(dir).unwrap();
     }
 }
