@@ -1430,10 +1430,10 @@ impl Engine {
         };
         let stretches = &mut room[LOG_HEADER_BYTES..];
         // Small batches (the fsync-heavy case) are sealed right here: handing them over costs
-        // more. Larger ones on rayon's threads, which live as long as the process: threads
-        // started per object (std::thread::scope, as before) each set up their zstd contexts
-        // and random generator afresh, in freshly faulted memory; under pgbench rw-sync the
-        // repacked objects made that 2 % of bucketfs's CPU (perf).
+        // more. Larger ones on rayon's threads, which live as long as the process: a thread
+        // started per batch would set up its zstd contexts and random generator afresh, in
+        // freshly faulted memory (2 % of bucketfs's CPU under pgbench rw-sync, where repacked
+        // objects are such batches; perf).
         let lens: Vec<Vec<usize>> = if threads == 1 {
             stretches
                 .chunks_mut(stretch)
