@@ -29,10 +29,11 @@ use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 
 /// Size of the journal file; when the ring is full, objects are written as files directly.
-/// Objects stay in it until they are `JOURNAL_STORE_AFTER_S` old or it is half full (local.rs):
-/// at pgbench's ~3 MiB/s of log objects (8 clients, `synchronous_commit = on`), half of 64 MiB
-/// lasted ~12 s and 54 % of the objects still became files; with 256 MiB, 20 %. Their bytes are
-/// held in memory meanwhile, so this also bounds that memory.
+/// Objects stay in it until they are `JOURNAL_STORE_AFTER_S` old or it is seven eighths full
+/// (`JOURNAL_STORE_ABOVE_BYTES`, local.rs): at pgbench's ~3 MiB/s of log objects (8 clients,
+/// `synchronous_commit = on`), half of 64 MiB lasted ~12 s and 54 % of the objects still
+/// became files; with 256 MiB, 20 %. Their bytes are held in memory meanwhile, so this also
+/// bounds that memory.
 pub const JOURNAL_BYTES: u64 = 256 * 1024 * 1024;
 /// Objects up to this size go through the journal; larger ones gain nothing from it (they are
 /// not on the critical path of an fsync) and would crowd it.

@@ -50,8 +50,13 @@ const JOURNALED_DELETE_WAIT_MS: u32 = 10_000;
 /// see, docs/0002) and how many objects a restart after a crash has to write.
 const JOURNAL_STORE_AFTER_S: u64 = 30;
 /// Above this much of the ring in use, the oldest objects become files at once, so appends
-/// keep finding room.
-const JOURNAL_STORE_ABOVE_BYTES: u64 = journal::JOURNAL_BYTES / 2;
+/// keep finding room; the eighth left lasts seconds under pgbench rw-sync, and a batch of files
+/// takes well under one. *Why not half*: rw-sync filled half of the ring before the age limit,
+/// so every object still live then became a file (256 every 10-13 s, each ~1 ms of CPU, most
+/// of it in the inode allocator of ext4 without a journal): the storer was 15 % of bucketfs's
+/// CPU, and `bench/ab` measured 0.86 of the server CPU per transaction with seven eighths
+/// (docs/0002).
+const JOURNAL_STORE_ABOVE_BYTES: u64 = journal::JOURNAL_BYTES / 8 * 7;
 /// The records of garbage are zeroed this long after the first of them is deleted, so that
 /// a checkpoint's collection (thousands of deletions within milliseconds under pgbench) is
 /// zeroed by a few long writes rather than many short ones.
@@ -472,7 +477,7 @@ impl Drop for LocalBucket {
 
 impl JournalShared {
     /// The storer thread: writes journaled objects as files, oldest first and a batch at a
-    /// time, once they are `JOURNAL_STORE_AFTER_S` old or the ring is more than half full (or
+    /// time, once they are `JOURNAL_STORE_AFTER_S` old or the ring is nearly full (or
     /// at `stop`), then releases their records. Until then an object lives only in the journal
     /// and in memory, so one deleted sooner (most log objects of an fsync-heavy load) never
     /// costs a file creation and deletion. A failing write is retried.
