@@ -441,7 +441,7 @@ impl Journaling {
                 let (shared, owned_key) = (shared.clone(), key.to_string());
                 return Some(
                     blocking(move || {
-                        let cleared = shared.journal.release(ticket);
+                        let cleared = shared.journal.release(vec![ticket]);
                         cleared
                             .and_then(|()| shared.journal.sync())
                             .map_err(|e| io_error(&owned_key, e))
@@ -549,15 +549,12 @@ impl JournalShared {
                 delay_ms = (delay_ms * 2).min(1000);
             }
             delay_ms = 10;
-            let mut failed = None;
-            let mut keys = Vec::with_capacity(batch.len());
-            for (key, _, ticket) in batch {
-                if let Err(e) = self.journal.release(ticket) {
-                    failed = Some(e);
-                }
-                keys.push(key);
-            }
-            if let Some(e) = failed.map_or_else(|| self.journal.sync().err(), Some) {
+            let (keys, tickets): (Vec<String>, Vec<Ticket>) = batch
+                .into_iter()
+                .map(|(key, _, ticket)| (key, ticket))
+                .unzip();
+            let released = self.journal.release(tickets);
+            if let Some(e) = released.err().or_else(|| self.journal.sync().err()) {
                 // The records may stay valid: a restart stores those objects again.
                 tracing::warn!(error = %e, "cannot clear released journal records");
             }
