@@ -274,8 +274,10 @@ impl Journal {
 
     /// The records' objects are durable as files, or deleted: zero their headers (so they are
     /// never replayed; durable after the next `sync`) and free their space once every earlier
-    /// record is free too. The space is freed even if zeroing fails: a record may then come
-    /// back at the next start, which stores its object again.
+    /// record is free too. The space is freed even if a zeroing write fails (a record may then
+    /// come back at the next start, which stores its object again), but not if waiting for
+    /// the writes failed: they may still be in flight, and the space stays in use until a
+    /// restart.
     pub fn release(&self, tickets: Vec<Ticket>) -> std::io::Result<()> {
         let records: Vec<u64> = tickets.into_iter().map(|t| t.record).collect();
         let headers: Vec<(u64, usize)> = {
@@ -290,8 +292,9 @@ impl Journal {
             .as_ref()
             .expect("tickets are only issued with direct I/O");
         // Only after these writes have returned may the space be given to a new record: a
-        // zeroing write still in flight would otherwise land on it.
-        let zeroed = self.eraser.write_zeros(&direct.clear, &headers);
+        // zeroing write still in flight would otherwise land on it. Abandoned writes may be,
+        // so then the records keep their space until a restart.
+        let zeroed = self.eraser.write_zeros(&direct.clear, &headers)?;
         self.set_state(&records, SlotState::Released);
         zeroed.into_iter().collect()
     }
@@ -346,10 +349,9 @@ impl Journal {
         let offsets: Vec<(u64, usize)> = writes.iter().map(|&(at, n, _)| (at, n)).collect();
         let mut erased = vec![true; runs.len()];
         let mut result = Ok(());
-        for ((_, _, run), written) in writes
-            .iter()
-            .zip(self.eraser.write_zeros(&direct.clear, &offsets))
-        {
+        // Abandoned writes may still be in flight: their records keep their space.
+        let written = self.eraser.write_zeros(&direct.clear, &offsets)?;
+        for ((_, _, run), written) in writes.iter().zip(written) {
             if let Err(e) = written {
                 // Left forgotten: tried again next time.
                 erased[*run] = false;
@@ -433,7 +435,7 @@ impl Journal {
 /// and ~7 ms submitted 128 at a time (fio, same VM). Where io_uring is not available (a
 /// kernel without it, a sandbox that forbids it), the writes are made one at a time.
 struct Eraser {
-    /// `None` without io_uring; taken for good if waiting for a batch ever fails.
+    /// `None` without io_uring; dropped for good if waiting for a batch ever fails.
     ring: Mutex<Option<io_uring::IoUring>>,
 }
 
@@ -477,8 +479,14 @@ impl Eraser {
     }
 
     /// Writes zeros at each (file offset, length), lengths at most ERASE_WRITE_BYTES_MAX and
-    /// blocks. Returns when every write has completed, with each one's outcome.
-    fn write_zeros(&self, file: &File, writes: &[(u64, usize)]) -> Vec<std::io::Result<()>> {
+    /// blocks. Returns when every write has completed, with each one's outcome; `Err` if
+    /// waiting for them failed: some may then still be in flight, and none of these ranges
+    /// may ever be given to a new record (a late zero would destroy it).
+    fn write_zeros(
+        &self,
+        file: &File,
+        writes: &[(u64, usize)],
+    ) -> std::io::Result<Vec<std::io::Result<()>>> {
         let zeros = erase_zeros();
         let mut ring = self.ring.lock();
         let mut results = Vec::with_capacity(writes.len());
@@ -487,21 +495,13 @@ impl Eraser {
                 Some(uring) => match submit_zero_writes(uring, file, zeros, batch) {
                     Ok(outcomes) => results.extend(outcomes),
                     Err(error) => {
-                        // Writes of this batch may still be in flight, and one that lands after
-                        // its space was given to a new record would destroy that record. So
-                        // their records stay forgotten, and their space unused, for as long as
-                        // this process runs; the ring then fills, and objects become files.
-                        tracing::error!(%error, "waiting for the journal's zeroing writes failed; their space in the journal is not used again until a restart");
+                        // The callers keep these records' space unused for as long as this
+                        // process runs; the ring may then fill, and objects become files.
+                        tracing::error!(%error, "waiting for the journal's zeroing writes failed; their records' space is not used again until a restart, and later zeros are written one at a time");
                         *ring = None;
-                        let failed = |_| {
-                            Err(std::io::Error::other(format!(
-                                "zeroing writes abandoned: {error}"
-                            )))
-                        };
-                        results.extend(batch.iter().map(failed));
-                        // Nothing more is written: a later write could land on one of these.
-                        results.extend(writes[results.len()..].iter().map(failed));
-                        return results;
+                        return Err(std::io::Error::other(format!(
+                            "zeroing writes abandoned: {error}"
+                        )));
                     }
                 },
                 None => results.extend(
@@ -511,7 +511,7 @@ impl Eraser {
                 ),
             }
         }
-        results
+        Ok(results)
     }
 }
 
@@ -677,7 +677,7 @@ mod tests {
         for eraser in [Eraser::new(), without] {
             std::fs::write(&path, vec![0xffu8; blocks as usize * BLOCK_BYTES]).unwrap();
             let file = OpenOptions::new().write(true).open(&path).unwrap();
-            let results = eraser.write_zeros(&file, &writes);
+            let results = eraser.write_zeros(&file, &writes).unwrap();
             assert_eq!(results.len(), writes.len());
             assert!(results.iter().all(|r| r.is_ok()), "{eraser:?}: {results:?}");
             let image = std::fs::read(&path).unwrap();
@@ -693,7 +693,7 @@ mod tests {
             }
             // A file not open for writing: every write fails, and says so.
             let read_only = File::open(&path).unwrap();
-            let results = eraser.write_zeros(&read_only, &writes);
+            let results = eraser.write_zeros(&read_only, &writes).unwrap();
             assert_eq!(results.len(), writes.len());
             assert!(
                 results.iter().all(|r| r.is_err()),
