@@ -425,9 +425,10 @@ impl Journal {
     }
 }
 
-/// Writes zeros over many ranges of the journal: `erase_forgotten`'s writes, one per run of
-/// forgotten records (about three records each under pgbench rw-sync, cut by live records
-/// between them), hundreds after each checkpoint's collection. Made one `pwrite` at a time,
+/// Writes zeros over many ranges of the journal: the headers that `release` clears (a batch
+/// of stored files at a time) and `erase_forgotten`'s writes, one per run of forgotten
+/// records (about three records each under pgbench rw-sync, cut by live records between
+/// them), hundreds after each checkpoint's collection. Made one `pwrite` at a time,
 /// each was a notification of the virtual disk and a sleep until it completed: 5.5 % of
 /// bucketfs's CPU under rw-sync, half of it the notifications (perf, 2-core VM). Submitted
 /// together through io_uring, the block layer hands a batch to the device with one
@@ -469,7 +470,7 @@ impl Eraser {
         let ring = match io_uring::IoUring::new(ERASE_BATCH_WRITES as u32) {
             Ok(ring) => Some(ring),
             Err(error) => {
-                tracing::info!(%error, "io_uring is not available; the journal erases forgotten records one write at a time");
+                tracing::info!(%error, "io_uring is not available; the journal writes its zeros one write at a time");
                 None
             }
         };
