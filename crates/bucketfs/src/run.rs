@@ -4,6 +4,7 @@ use crate::admin::Admin;
 use crate::config::{Compression, Config};
 use crate::exports::BlockDevices;
 use bucketfs_engine::bucket::{open_url, CountingBucket, RetryingBucket, SharedBucket};
+use bucketfs_engine::limits::QUIET_CHECKPOINT_AFTER_MS;
 use bucketfs_engine::{Codec, Engine, EngineOptions};
 use bucketfs_fs::Fs;
 use std::path::PathBuf;
@@ -91,6 +92,7 @@ pub async fn run(config: Option<&PathBuf>, read_only: bool) -> Result<(), String
         disk_cache_dir: (!cfg.storage.url.starts_with("file://")).then(|| cfg.cache.dir.clone()),
         disk_cache_bytes_max: cfg.cache.disk_bytes_max,
         read_only,
+        quiet_checkpoint_after: Some(Duration::from_millis(QUIET_CHECKPOINT_AFTER_MS)),
     };
     let engine = Engine::open(bucket, opts)
         .await

@@ -42,6 +42,9 @@ pub struct EngineOptions {
     pub disk_cache_dir: Option<PathBuf>,
     pub disk_cache_bytes_max: u64,
     pub read_only: bool,
+    /// A checkpoint is written after this long without a commit, when enough log objects
+    /// await one (limits.rs, QUIET_CHECKPOINT_AFTER_MS); `None`: only the regular ones.
+    pub quiet_checkpoint_after: Option<Duration>,
 }
 
 impl EngineOptions {
@@ -54,6 +57,7 @@ impl EngineOptions {
             disk_cache_dir: None,
             disk_cache_bytes_max: 0,
             read_only: false,
+            quiet_checkpoint_after: None,
         }
     }
 }
@@ -291,6 +295,12 @@ struct Inner {
     disk_cache: Option<DiskCache>,
     lock_holder: Option<LockHolder>,
     checkpoint_running: AtomicBool,
+    /// When the last log object was committed (`Inner::epoch` + this many microseconds).
+    last_commit_us: AtomicU64,
+    /// The last checkpoint's collection repacked extents: the objects they left are dead,
+    /// but only the next checkpoint deletes them.
+    repacked_uncollected: AtomicBool,
+    epoch: std::time::Instant,
     /// Buffers of the checkpoint being encoded (one at a time: see `checkpoint_running`).
     checkpoint_scratch: Mutex<logobj::CheckpointScratch>,
     object_buffers: Arc<ObjectBuffers>,
@@ -562,6 +572,9 @@ impl Engine {
                 disk_cache,
                 lock_holder,
                 checkpoint_running: AtomicBool::new(false),
+                last_commit_us: AtomicU64::new(0),
+                repacked_uncollected: AtomicBool::new(false),
+                epoch: std::time::Instant::now(),
                 checkpoint_scratch: Mutex::default(),
                 object_buffers: Arc::default(),
                 extent_buffers: ExtentBuffers::default(),
@@ -577,6 +590,9 @@ impl Engine {
         };
         if !opts.read_only {
             engine.spawn_periodic_flush(opts.flush_interval);
+            if let Some(quiet) = opts.quiet_checkpoint_after {
+                engine.spawn_quiet_checkpoints(quiet);
+            }
         }
         Ok(engine)
     }
@@ -1543,19 +1559,118 @@ impl Engine {
                 }
             });
         }
+        self.inner.last_commit_us.store(
+            self.inner.epoch.elapsed().as_micros() as u64,
+            Ordering::Release,
+        );
         if let Some(state) = snapshot {
-            ctl.checkpoint_seq = seq;
-            ctl.log_bytes_since_checkpoint = 0;
-            let candidates: Vec<u64> = ctl.known_logs.range(..=seq).copied().collect();
+            let candidates = self.begin_checkpoint(ctl, seq);
             let engine = self.clone();
             tokio::spawn(async move {
                 // Cleared however the task ends (a panic included), so the next one can run.
                 let _running = ClearOnDrop(&engine.inner.checkpoint_running);
-                if let Err(e) = engine.checkpoint_and_collect(seq, state, candidates).await {
+                if let Err(e) = engine
+                    .checkpoint_and_collect(seq, state, candidates, Repack::Yes)
+                    .await
+                {
                     tracing::error!(seq, error = %e, "checkpoint failed; the log keeps growing until the next one");
                 }
             });
         }
+    }
+
+    /// Starts the interval of the checkpoint as of log object `seq` (the caller holds the
+    /// committed map as of `seq` and has set `checkpoint_running`); returns the log objects it
+    /// covers, the candidates for collection.
+    fn begin_checkpoint(&self, ctl: &mut UploadCtl, seq: u64) -> Vec<u64> {
+        self.inner
+            .repacked_uncollected
+            .store(false, Ordering::Release);
+        ctl.checkpoint_seq = seq;
+        ctl.log_bytes_since_checkpoint = 0;
+        ctl.known_logs.range(..=seq).copied().collect()
+    }
+
+    /// Checks a few times per `quiet` whether the engine has been quiet that long with enough
+    /// log objects since the last checkpoint, and writes one then (QUIET_CHECKPOINT_AFTER_MS).
+    fn spawn_quiet_checkpoints(&self, quiet: Duration) {
+        let weak = Arc::downgrade(&self.inner);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(quiet / 4);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(inner) = weak.upgrade() else { return };
+                let engine = Engine { inner };
+                if let Err(e) = engine.checkpoint_if_quiet(quiet).await {
+                    tracing::error!(error = %e, "quiet checkpoint failed; the next regular one collects instead");
+                }
+            }
+        });
+    }
+
+    /// When quiet: a checkpoint if enough log objects await one, repacking the sparse ones;
+    /// then, if the last checkpoint (that one or a regular one) repacked extents, one more
+    /// that only collects, so that the objects the extents were moved out of are deleted too
+    /// (before they turn into files of a `file://` bucket). It does not repack, so after it
+    /// nothing is due until the next commit: an idle engine makes no requests.
+    async fn checkpoint_if_quiet(&self, quiet: Duration) -> Result<(), EngineError> {
+        let quiet_since = Duration::from_micros(self.inner.last_commit_us.load(Ordering::Acquire));
+        if self.inner.epoch.elapsed().saturating_sub(quiet_since) < quiet
+            || self.inner.poisoned.lock().is_some()
+        {
+            return Ok(());
+        }
+        let since_checkpoint = |ctl: &UploadCtl| {
+            ctl.known_logs
+                .last()
+                .map_or(0, |&s| s.saturating_sub(ctl.checkpoint_seq))
+        };
+        self.quiet_checkpoint(
+            |ctl, st| {
+                since_checkpoint(ctl) * QUIET_CHECKPOINT_FRACTION
+                    >= log_objects_per_checkpoint(st.committed.extent_count() as u64)
+            },
+            Repack::Yes,
+        )
+        .await?;
+        self.quiet_checkpoint(
+            |ctl, _| {
+                since_checkpoint(ctl) > 0 && self.inner.repacked_uncollected.load(Ordering::Acquire)
+            },
+            Repack::No,
+        )
+        .await
+    }
+
+    /// Writes a checkpoint as of the last committed log object, and collects, if `due` says
+    /// so and none is running. Commits wait meanwhile only for the map's clone.
+    async fn quiet_checkpoint(
+        &self,
+        due: impl Fn(&UploadCtl, &State) -> bool,
+        repack: Repack,
+    ) -> Result<(), EngineError> {
+        // Commits happen under `upload`: holding it, the map is exactly as of the last one.
+        let (seq, state, candidates) = {
+            let mut ctl = self.inner.upload.lock().await;
+            let snapshot = {
+                let st = self.inner.state.lock();
+                (due(&ctl, &st) && !self.inner.checkpoint_running.swap(true, Ordering::AcqRel))
+                    .then(|| st.committed.clone())
+            };
+            let Some(state) = snapshot else {
+                return Ok(());
+            };
+            let seq = *ctl
+                .known_logs
+                .last()
+                .expect("a due checkpoint follows a committed log object");
+            (seq, state, self.begin_checkpoint(&mut ctl, seq))
+        };
+        let _running = ClearOnDrop(&self.inner.checkpoint_running);
+        tracing::debug!(seq, "quiet: writing a checkpoint");
+        self.checkpoint_and_collect(seq, state, candidates, repack)
+            .await
     }
 
     /// Writes a checkpoint as of log object `seq`, then deletes what it made unnecessary: older
@@ -1566,6 +1681,7 @@ impl Engine {
         seq: u64,
         state: MetaState,
         candidates: Vec<u64>,
+        repack: Repack,
     ) -> Result<(), EngineError> {
         let engine = self.clone();
         let (object, state) = tokio::task::spawn_blocking(move || {
@@ -1629,6 +1745,9 @@ impl Engine {
             .log_objects_deleted
             .fetch_add(deleted.len() as u64, Ordering::Relaxed);
         tracing::info!(seq, "checkpoint written");
+        if repack == Repack::No {
+            return Ok(());
+        }
         if let Err(e) = self.repack(&state, &live.into_iter().collect()).await {
             tracing::warn!(seq, error = %e, "repacking sparse log objects failed; they stay until a later checkpoint tries again");
         }
@@ -1704,6 +1823,9 @@ impl Engine {
                 .fetch_add(moved, Ordering::Relaxed);
             tracing::debug!(extents = moved, "repacking");
             self.barrier().await?;
+            self.inner
+                .repacked_uncollected
+                .store(true, Ordering::Release);
         }
         Ok(())
     }
@@ -1763,6 +1885,13 @@ fn extent_span(index: u64, offset: u64, length: u64) -> (usize, usize) {
 }
 
 /// Clears a flag when dropped.
+/// Whether a checkpoint's collection also repacks sparse log objects (`Engine::repack`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Repack {
+    Yes,
+    No,
+}
+
 struct ClearOnDrop<'a>(&'a AtomicBool);
 
 impl Drop for ClearOnDrop<'_> {

@@ -74,6 +74,20 @@ pub const LOG_OBJECTS_PER_CHECKPOINT_MIN: u64 = 1024;
 /// objects' metadata records.
 pub const LOG_OBJECTS_PER_CHECKPOINT_MAX: u64 = 8192;
 
+/// A checkpoint is also written once no log object has been committed for this long, if the
+/// log objects since the previous one number at least 1/QUIET_CHECKPOINT_FRACTION of the
+/// regular interval (`log_objects_per_checkpoint`). Without it the objects of a burst's last
+/// interval stay uncollected until the next burst: in a `file://` bucket those still only in
+/// the journal become files at 30 s (local.rs, JOURNAL_STORE_AFTER_S), to be deleted by that next
+/// checkpoint (~900 files after each 30 s slice of pgbench rw-sync, docs/benchmarks.md).
+/// Shorter than that age with room to spare for the checkpoint itself.
+pub const QUIET_CHECKPOINT_AFTER_MS: u64 = 5_000;
+
+/// See QUIET_CHECKPOINT_AFTER_MS: a burst of fewer log objects than the regular interval / 8
+/// waits for the next regular checkpoint (a checkpoint encodes the whole map, so one per short
+/// burst would cost a large map more than its garbage).
+pub const QUIET_CHECKPOINT_FRACTION: u64 = 8;
+
 /// After a checkpoint, a log object it covers that still holds at least one and at most this
 /// many live extents has them rewritten into a new log object ("repacked"), so that it dies and
 /// the next collection deletes it. Under fsync-heavy load each flush is a small object, and a

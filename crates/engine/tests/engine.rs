@@ -1,9 +1,9 @@
 //! Engine tests over `memory://`: round trips, crash-reopen at chosen points, faults, corruption.
 
 use bucketfs_engine::bucket::{
-    open_url, Fault, FaultyBucket, PutMode, RetryingBucket, SharedBucket,
+    open_url, CountingBucket, Fault, FaultyBucket, PutMode, RetryingBucket, SharedBucket,
 };
-use bucketfs_engine::limits::EXTENT_SIZE_BYTES;
+use bucketfs_engine::limits::{EXTENT_SIZE_BYTES, LOG_OBJECTS_PER_CHECKPOINT_MIN};
 use bucketfs_engine::{Engine, EngineError, EngineOptions, Fill, KeyError, KvChange};
 use proptest::prelude::*;
 
@@ -354,6 +354,108 @@ async fn checkpoints_bound_replay_and_dead_log_objects_are_deleted() {
     drop(e);
     let e = open(&w).await;
     assert_eq!(e.read(1, 0, 3 * 4096).await.unwrap(), expect);
+}
+
+const QUIET: std::time::Duration = std::time::Duration::from_millis(400);
+
+/// An engine whose quiet checkpoints come after QUIET, over a bucket that counts requests.
+async fn open_quiet(w: &World) -> (Engine, Arc<CountingBucket>) {
+    let counting = Arc::new(CountingBucket::new(w.bucket.clone()));
+    let mut opts = EngineOptions::for_tests("pw");
+    opts.quiet_checkpoint_after = Some(QUIET);
+    let e = Engine::open(counting.clone(), opts).await.unwrap();
+    (e, counting)
+}
+
+/// Waits until `n` checkpoints are written (and a few quiet periods more), then checks that
+/// several quiet periods pass without a request.
+async fn settle_at_checkpoints(e: &Engine, counting: &CountingBucket, n: u64) {
+    let started = std::time::Instant::now();
+    while e.stats().checkpoints_written < n && started.elapsed() < QUIET * 20 {
+        tokio::time::sleep(QUIET / 4).await;
+    }
+    tokio::time::sleep(QUIET * 2).await;
+    assert_eq!(e.stats().checkpoints_written, n, "{:?}", e.stats());
+    let before = counting.counts();
+    tokio::time::sleep(QUIET * 4).await;
+    assert_eq!(counting.counts(), before, "an idle engine used the bucket");
+}
+
+/// A burst too short for a regular checkpoint, then quiet: one checkpoint collects the dead
+/// objects and repacks the live extents of the others, a second collects those; then the idle
+/// engine makes no request at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_engine_collects_what_a_burst_left_then_stays_idle() {
+    let w = world();
+    let (e, counting) = open_quiet(&w).await;
+    // Every flush overwrites one of three blocks; every other one also writes a block of its
+    // own that stays live, so that half of the objects die and half are kept by one extent.
+    let flushes = 200u64;
+    for i in 0..flushes {
+        let block = pattern(i as u8, 4096);
+        e.write(1, (i % 3) * 4096, 4096, Fill::Data(&block))
+            .await
+            .unwrap();
+        if i % 2 == 0 {
+            e.write(1, (100 + i) * 4096, 4096, Fill::Data(&block))
+                .await
+                .unwrap();
+        }
+        e.flush().await.unwrap();
+    }
+    assert_eq!(
+        e.stats().checkpoints_written,
+        0,
+        "the burst is below a regular interval"
+    );
+    settle_at_checkpoints(&e, &counting, 2).await;
+    let stats = e.stats();
+    assert!(stats.extents_repacked >= flushes / 2, "{stats:?}");
+    assert!(stats.log_objects_deleted >= flushes, "{stats:?}");
+    let left = log_keys(&w).await;
+    assert!(
+        left.len() <= 2,
+        "only the repacked extents' objects stay: {left:?}"
+    );
+    let expect = e.read(1, 0, 400 * 4096).await.unwrap();
+    drop(e);
+    let e = open(&w).await;
+    assert_eq!(e.read(1, 0, 400 * 4096).await.unwrap(), expect);
+}
+
+/// A burst that ends just after a regular checkpoint: too few objects since for a quiet
+/// checkpoint of their own, but the regular one repacked extents, so one more collects the
+/// objects it emptied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_engine_collects_what_the_last_repack_emptied() {
+    let w = world();
+    let (e, counting) = open_quiet(&w).await;
+    // One extent of its own per flush, never overwritten: every object stays live with one
+    // extent, and the regular checkpoint (after LOG_OBJECTS_PER_CHECKPOINT_MIN) repacks them.
+    let flushes = LOG_OBJECTS_PER_CHECKPOINT_MIN + 10;
+    for i in 0..flushes {
+        let extent = pattern(i as u8, EXTENT_SIZE_BYTES);
+        let at = i * EXTENT_SIZE_BYTES as u64;
+        e.write(1, at, extent.len() as u64, Fill::Data(&extent))
+            .await
+            .unwrap();
+        e.flush().await.unwrap();
+    }
+    settle_at_checkpoints(&e, &counting, 2).await;
+    let stats = e.stats();
+    assert!(
+        stats.extents_repacked >= LOG_OBJECTS_PER_CHECKPOINT_MIN,
+        "{stats:?}"
+    );
+    assert!(
+        stats.log_objects_deleted >= LOG_OBJECTS_PER_CHECKPOINT_MIN,
+        "{stats:?}"
+    );
+    let left = log_keys(&w).await.len() as u64;
+    assert!(
+        left < 30,
+        "{left} log objects stay after {flushes} flushes: {stats:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
