@@ -300,6 +300,7 @@ struct Inner {
     /// The last checkpoint's collection repacked extents: the objects they left are dead,
     /// but only the next checkpoint deletes them.
     repacked_uncollected: AtomicBool,
+    /// When the engine was opened: the origin of `last_commit_us`.
     epoch: std::time::Instant,
     /// Buffers of the checkpoint being encoded (one at a time: see `checkpoint_running`).
     checkpoint_scratch: Mutex<logobj::CheckpointScratch>,
@@ -1884,7 +1885,6 @@ fn extent_span(index: u64, offset: u64, length: u64) -> (usize, usize) {
     (start as usize, end as usize)
 }
 
-/// Clears a flag when dropped.
 /// Whether a checkpoint's collection also repacks sparse log objects (`Engine::repack`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Repack {
@@ -1892,6 +1892,7 @@ enum Repack {
     No,
 }
 
+/// Clears a flag when dropped.
 struct ClearOnDrop<'a>(&'a AtomicBool);
 
 impl Drop for ClearOnDrop<'_> {
