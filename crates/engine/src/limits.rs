@@ -79,7 +79,8 @@ pub const LOG_OBJECTS_PER_CHECKPOINT_MAX: u64 = 8192;
 /// regular interval (`log_objects_per_checkpoint`). Without it the objects of a burst's last
 /// interval stay uncollected until the next burst: in a `file://` bucket those still only in
 /// the journal become files at 30 s (local.rs, JOURNAL_STORE_AFTER_S), to be deleted by that next
-/// checkpoint (~900 files after each 30 s slice of pgbench rw-sync, docs/benchmarks.md).
+/// checkpoint (up to 3,275 files at once between slices of `bench/versus` rw-sync,
+/// docs/benchmarks.md).
 /// Shorter than that age with room to spare for the checkpoint itself.
 pub const QUIET_CHECKPOINT_AFTER_MS: u64 = 5_000;
 
