@@ -690,7 +690,10 @@ impl Engine {
     /// it on its way: the upload overlaps the client's own round trip from the write's reply to
     /// its flush, instead of starting after it. One write-behind at a time: writes applied
     /// meanwhile go together in its next object, so a burst of writes is not cut into an object
-    /// each.
+    /// each. The task starts when the writer's task next waits, so a caller that answers its
+    /// client from that task (the NBD server does) sends the reply first. Yielding here instead
+    /// put the task at the back of the run queue and woke the other worker to steal it: 10 %
+    /// more server CPU per transaction under pgbench rw-sync (docs/benchmarks.md).
     fn write_behind(&self) {
         if !self.inner.barrier_cadence.frequent()
             || self.inner.write_behind_running.swap(true, Ordering::AcqRel)
@@ -701,8 +704,6 @@ impl Engine {
         tokio::spawn(async move {
             let covered = {
                 let _running = ClearOnDrop(&engine.inner.write_behind_running);
-                // The write's reply goes out first.
-                tokio::task::yield_now().await;
                 engine.write_behind_until_caught_up().await
             };
             // A write applied after the last look found the flag still set and started nothing.

@@ -1,10 +1,10 @@
 //! The transmission phase. One reader (this task) parses and validates requests in order; each
-//! valid request runs in its own task so slow ones do not hold up the rest; one writer task owns
-//! the socket's write side, so replies, sent as requests complete and in any order, never
-//! interleave. Two semaphores bound what a connection may have outstanding: a request count and
-//! a payload byte count. A permit is held until the reply has been written, so a client that
-//! stops reading replies stops being read from, and memory stays bounded. Write payloads are
-//! read into buffers that the connection reuses (`PayloadBuffers`).
+//! valid request runs in its own task so slow ones do not hold up the rest, and writes its own
+//! reply as soon as it completes, in any order, through the connection's `ReplyWriter`, which
+//! keeps replies from interleaving. Two semaphores bound what a connection may have
+//! outstanding: a request count and a payload byte count. A permit is held until the reply has
+//! been written, so a client that stops reading replies stops being read from, and memory stays
+//! bounded. Write payloads are read into buffers that the connection reuses (`PayloadBuffers`).
 
 use crate::backend::{Export, ExportError, Extent};
 use crate::error::{errno_of, NbdError};
@@ -20,13 +20,14 @@ use futures::FutureExt;
 use parking_lot::Mutex;
 use std::io;
 use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
-use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::{JoinError, JoinSet};
 use tracing::{debug, error, warn, Instrument, Span};
 
-/// One encoded reply on its way to the writer, with the permits it releases once written.
+/// One encoded reply, with the permits it releases once written.
 struct Reply {
     head: Vec<u8>,
     data: Option<Bytes>,
@@ -58,25 +59,84 @@ where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin + Send + 'static,
 {
-    // Every reply holds a request permit until written, so the channel never holds more.
-    let (replies, queue) = mpsc::channel(REQUESTS_IN_FLIGHT_MAX);
-    let writer_task = tokio::spawn(write_replies(writer, queue).instrument(Span::current()));
+    let writer = Arc::new(ReplyWriter::new(writer));
     let mut tasks = JoinSet::new();
 
-    let read_result = read_requests(&mut reader, &session, replies, &mut tasks).await;
+    let read_result = read_requests(&mut reader, &session, &writer, &mut tasks).await;
 
     // Requests already handed to the export run to completion and are answered even when the
     // client broke the protocol: abandoning an export call midway could leave a write half done.
     while let Some(joined) = tasks.join_next().await {
         report_task(joined);
     }
-    let write_result = writer_task.await;
+    let write_result = writer.finish().await;
     read_result?;
-    match write_result {
-        Ok(result) => result.map_err(NbdError::Io),
-        Err(join_error) => Err(NbdError::Io(io::Error::other(format!(
-            "reply writer failed: {join_error}"
-        )))),
+    write_result.map_err(NbdError::Io)
+}
+
+/// The socket's write side, shared by the tasks that answer requests. Whoever completes writes
+/// its own reply: no hand-over to another task, whose wake-up cost more than the write on the
+/// fsync path. Replies never interleave (one writer at a time), and the socket is flushed by
+/// the last writer of a run: a reply written while others wait for the lock leaves with
+/// theirs, in one system call.
+struct ReplyWriter<W> {
+    out: tokio::sync::Mutex<BufWriter<W>>,
+    /// Tasks waiting for `out`; the holder leaves the flush to them.
+    waiting: AtomicUsize,
+    /// Set once a write failed: nothing more can reach the client.
+    broken: AtomicBool,
+    error: Mutex<Option<io::Error>>,
+}
+
+impl<W: AsyncWrite + Unpin> ReplyWriter<W> {
+    fn new(writer: W) -> ReplyWriter<W> {
+        ReplyWriter {
+            out: tokio::sync::Mutex::new(BufWriter::with_capacity(REPLY_BUFFER_BYTES, writer)),
+            waiting: AtomicUsize::new(0),
+            broken: AtomicBool::new(false),
+            error: Mutex::new(None),
+        }
+    }
+
+    fn is_broken(&self) -> bool {
+        self.broken.load(Ordering::Acquire)
+    }
+
+    /// Writes one reply, then releases its permits. After a failed write the reply is dropped:
+    /// the connection is gone, and there is nobody left to answer.
+    async fn send(&self, reply: Reply) {
+        if self.is_broken() {
+            return;
+        }
+        self.waiting.fetch_add(1, Ordering::AcqRel);
+        let mut out = self.out.lock().await;
+        self.waiting.fetch_sub(1, Ordering::AcqRel);
+        if self.is_broken() {
+            return;
+        }
+        let mut written = write_reply(&mut out, &reply).await;
+        // A task that is waiting flushes after its own reply, so its wait covers this one too;
+        // it cannot give up meanwhile (request tasks are never cancelled).
+        if written.is_ok() && self.waiting.load(Ordering::Acquire) == 0 {
+            written = out.flush().await;
+        }
+        if let Err(error) = written {
+            self.broken.store(true, Ordering::Release);
+            self.error.lock().get_or_insert(error);
+        }
+    }
+
+    /// Once every reply is written: shuts the write side down, or returns the first write error.
+    async fn finish(&self) -> io::Result<()> {
+        let mut out = self.out.lock().await;
+        if let Some(error) = self.error.lock().take() {
+            return Err(error);
+        }
+        // Every reply is out; the client may already have closed its end, which is not an error.
+        if let Err(error) = out.shutdown().await {
+            debug!(%error, "shutting down the connection");
+        }
+        Ok(())
     }
 }
 
@@ -88,14 +148,15 @@ fn report_task(joined: Result<(), JoinError>) {
     }
 }
 
-async fn read_requests<R>(
+async fn read_requests<R, W>(
     reader: &mut R,
     session: &Session,
-    replies: mpsc::Sender<Reply>,
+    writer: &Arc<ReplyWriter<W>>,
     tasks: &mut JoinSet<()>,
 ) -> Result<(), NbdError>
 where
     R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin + Send + 'static,
 {
     let requests = Arc::new(Semaphore::new(REQUESTS_IN_FLIGHT_MAX));
     let payload_bytes = Arc::new(Semaphore::new(PAYLOAD_BYTES_IN_FLIGHT_MAX));
@@ -112,8 +173,8 @@ where
         while let Some(joined) = tasks.try_join_next() {
             report_task(joined);
         }
-        if replies.is_closed() {
-            // The writer failed; its error is the one worth reporting.
+        if writer.is_broken() {
+            // A reply could not be written; that error is the one worth reporting.
             return Ok(());
         }
 
@@ -155,9 +216,7 @@ where
                     _payload: None,
                 };
                 let reply = encode_reply(header.handle, structured, Err(rejection), permits);
-                if replies.send(reply).await.is_err() {
-                    return Ok(());
-                }
+                writer.send(reply).await;
                 if hard_disconnect {
                     return Err(NbdError::Protocol(format!(
                         "write of {} bytes, too large to skip",
@@ -191,7 +250,7 @@ where
         };
 
         let export = Arc::clone(&session.export);
-        let replies = replies.clone();
+        let writer = Arc::clone(writer);
         let payload_buffers = Arc::clone(&payload_buffers);
         let handle = header.handle;
         let task = async move {
@@ -208,9 +267,9 @@ where
                     Err(Rejection::new(proto::EIO, "internal server error"))
                 }
             };
-            let reply = encode_reply(handle, structured, outcome, permits);
-            // A failed send means the connection is gone; there is nobody left to answer.
-            let _ = replies.send(reply).await;
+            writer
+                .send(encode_reply(handle, structured, outcome, permits))
+                .await;
         };
         tasks.spawn(task.instrument(Span::current()));
     }
@@ -490,29 +549,9 @@ fn block_status_descriptors(
     Ok(descriptors)
 }
 
-async fn write_replies<W: AsyncWrite + Unpin>(
-    writer: W,
-    mut queue: mpsc::Receiver<Reply>,
-) -> io::Result<()> {
-    let mut out = BufWriter::with_capacity(REPLY_BUFFER_BYTES, writer);
-    while let Some(reply) = queue.recv().await {
-        write_reply(&mut out, reply).await?;
-        // Replies that completed meanwhile leave with the same flush.
-        while let Ok(reply) = queue.try_recv() {
-            write_reply(&mut out, reply).await?;
-        }
-        out.flush().await?;
-    }
-    // Every reply is out; the client may already have closed its end, which is not an error.
-    if let Err(error) = out.shutdown().await {
-        debug!(%error, "shutting down the connection");
-    }
-    Ok(())
-}
-
 async fn write_reply<W: AsyncWrite + Unpin>(
     out: &mut BufWriter<W>,
-    reply: Reply,
+    reply: &Reply,
 ) -> io::Result<()> {
     out.write_all(&reply.head).await?;
     if let Some(data) = &reply.data {
