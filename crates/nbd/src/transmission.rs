@@ -616,4 +616,51 @@ mod tests {
         let descriptors = block_status_descriptors(&extents, u32::MAX, false).expect("valid");
         assert_eq!(descriptors.len(), BLOCK_STATUS_DESCRIPTORS_MAX);
     }
+
+    /// Many tasks answering at once over a narrow pipe: the lock is contended and writes wait
+    /// for the client, so writers often leave the flush to those waiting behind them. Every
+    /// reply must still reach the client, whole and without `finish`.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_replies_all_reach_the_client_without_a_final_flush() {
+        const REPLIES: u64 = 200;
+        let (client, server) = tokio::io::duplex(64);
+        let writer = Arc::new(ReplyWriter::new(server));
+        let requests = Arc::new(Semaphore::new(REPLIES as usize));
+        let mut tasks = JoinSet::new();
+        for handle in 0..REPLIES {
+            let writer = Arc::clone(&writer);
+            let permit = Arc::clone(&requests).try_acquire_owned().expect("permit");
+            tasks.spawn(async move {
+                let permits = Permits {
+                    _request: permit,
+                    _payload: None,
+                };
+                let data = Bytes::from(vec![handle as u8; 100 + handle as usize]);
+                let outcome = Ok(Outcome::Data { offset: 0, data });
+                writer
+                    .send(encode_reply(handle, false, outcome, permits))
+                    .await;
+            });
+        }
+        let mut client = client;
+        let mut seen = std::collections::HashSet::new();
+        let read_all = async {
+            while (seen.len() as u64) < REPLIES {
+                let mut head = [0u8; 16];
+                client.read_exact(&mut head).await.expect("reply header");
+                let handle = u64::from_be_bytes(head[8..16].try_into().unwrap());
+                let mut data = vec![0u8; 100 + handle as usize];
+                client.read_exact(&mut data).await.expect("reply data");
+                assert!(data.iter().all(|&b| b == handle as u8), "reply {handle}");
+                assert!(seen.insert(handle), "reply {handle} twice");
+            }
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(20), read_all)
+            .await
+            .expect("every reply arrives");
+        while let Some(joined) = tasks.join_next().await {
+            joined.expect("task");
+        }
+        assert_eq!(requests.available_permits(), REPLIES as usize);
+    }
 }
