@@ -57,11 +57,14 @@ bench_slice() {
     local pid=$1 sync=$2 duration=$3 clients=$4 before after out
     shift 4
     bench_pg_prepare
+    # A caller may observe pgbench's run alone (bench/versus --block-trace).
+    if declare -F bench_slice_observe_start >/dev/null; then bench_slice_observe_start "$duration"; fi
     before=$(cpu_counters "$pid" "")
     out=$(PGOPTIONS="-c synchronous_commit=$sync" pg_as pgbench -h "$PG_SOCK" -p "$PG_PORT" -U postgres \
         -n -M prepared -c "$clients" -j "$(($(nproc) < clients ? $(nproc) : clients))" -T "$duration" \
         "$@" postgres 2>&1) || { echo "$out" >&2; return 1; }
     after=$(cpu_counters "$pid" "")
+    if declare -F bench_slice_observe_stop >/dev/null; then bench_slice_observe_stop; fi
     python3 - "$before" "$after" "$out" <<'PY'
 import json, re, sys
 b, a, out = json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3]

@@ -344,18 +344,21 @@ PY
 # bench/versus, nbdkit against bucketfs, two workloads of 4 short slices: both stacks were up at
 # once (the slices alternate without a restart), every slice has a TPS and the server's CPU, and
 # the summary has both workloads with their ratios.
+# With perf (scripts/setup installs it where the distribution has it) the run also traces the
+# block layer (--block-trace), and rw-sync's summary must show WRITEs and FLUSHes on both sides.
 run_versus() {
-    local results=$TEST_DIR/versus rc=0
-    log "bench/versus --workloads rw-sync,ro --slices 4 --duration 3 --scale 1"
+    local results=$TEST_DIR/versus rc=0 trace=()
+    if command -v perf >/dev/null; then trace=(--block-trace); else log "no perf: bench/versus without --block-trace"; fi
+    log "bench/versus --workloads rw-sync,ro --slices 4 --duration 3 --scale 1 ${trace[*]}"
     timeout --kill-after=20 "$BENCH_TIMEOUT_S" "$REPO_ROOT/bench/versus" --workloads rw-sync,ro --slices 4 \
-        --duration 3 --scale 1 --clients 4 --results "$results" >"$TEST_DIR/versus.out" 2>&1 || rc=$?
+        --duration 3 --scale 1 --clients 4 --results "$results" "${trace[@]}" >"$TEST_DIR/versus.out" 2>&1 || rc=$?
     if ((rc != 0)); then
         tail -n 40 "$TEST_DIR/versus.out" >&2
         die "bench/versus exited $rc"
     fi
-    python3 - "$results" <<'PY' || die "bench/versus: results incomplete"
-import csv, os, sys
-d = sys.argv[1]
+    python3 - "$results" "${trace[*]}" <<'PY' || die "bench/versus: results incomplete"
+import csv, os, re, sys
+d, traced = sys.argv[1], sys.argv[2] != ""
 for workload in ("rw-sync", "ro"):
     rows = list(csv.DictReader(open(os.path.join(d, "slices-%s.tsv" % workload)), delimiter="\t"))
     assert [r["side"] for r in rows] == ["A", "B", "B", "A"], rows
@@ -366,6 +369,14 @@ for workload in ("rw-sync", "ro"):
 text = open(os.path.join(d, "summary.txt")).read()
 assert text.count("B/A TPS over 2 neighbouring pairs: mean") == 2, text
 assert "A nbdkit" in text and "B bucketfs" in text and text.index("rw-sync:") < text.index("ro:"), text
+if traced:
+    table = text[text.index("rw-sync: block requests"):]
+    for row in ("WRITE round trip", "FLUSH round trip"):
+        line = next(l for l in table.splitlines() if l.startswith(row))
+        assert len(re.findall(r"\d+ / \d+", line)) == 2, line  # mean / median, both sides
+    rate = next(l for l in table.splitlines() if l.startswith("FLUSHes per second")).split()[-2:]
+    assert all(float(x) > 0 for x in rate), rate
+    print("ok - bench/versus --block-trace: WRITE and FLUSH round trips on both sides")
 print("ok - bench/versus: two workloads of 4 slices in A B B A order, TPS, CPU and the pair ratios")
 PY
     log "ok - bench/versus: summary complete"
