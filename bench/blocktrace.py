@@ -5,9 +5,11 @@
 Reads RESULTS_DIR/blocktrace-WORKLOAD-SLICE-SIDE.txt (`perf script` of block_rq_issue and
 block_rq_complete, the whole machine) and RESULTS_DIR/blocktrace-WORKLOAD-SLICE-SIDE.dev (the
 slice's loop device as MAJOR,MINOR). Keeps that device's events, in order, and measures per
-side: WRITE and FLUSH round trips (issue to completion), the gaps between them, and the cycle
-(FLUSH completion to the next). Under pgbench rw-sync every commit group is one WRITE of the
-WAL followed by one FLUSH (docs/benchmarks.md), so the cycle is one group commit."""
+side the time between consecutive events (a WRITE's issue to its completion, that to the next
+FLUSH's issue, ...) and the cycle (FLUSH completion to the next). Under pgbench rw-sync every
+commit group is one WRITE of the WAL followed by one FLUSH, and requests never overlap
+(docs/benchmarks.md), so these are the round trips and the cycle is one group commit. Where
+requests overlap (other workloads), a span is counted only when nothing happened in between."""
 import collections
 import glob
 import os
