@@ -21,7 +21,8 @@
 #   4. (file backend) bench/ab with one binary as both A and B, 4 slices of 3 s: the slices ran
 #      in A B B A order, each has its TPS and the server's CPU, and the summary its ratios.
 #   5. (file backend) bench/versus, nbdkit against bucketfs, rw-sync and ro in 4 slices of 3 s
-#      each: the same checks per workload.
+#      each: the same checks per workload. Then against the durable reference
+#      (--reference nbdkit-file), rw-sync in 2 slices.
 set -euo pipefail
 # shellcheck source=tests/lib.sh
 source "$(dirname "$0")/lib.sh"
@@ -347,15 +348,9 @@ PY
 # With perf (scripts/setup installs it where the distribution has it) the run also traces the
 # block layer (--block-trace), and rw-sync's summary must show WRITEs and FLUSHes on both sides.
 run_versus() {
-    local results=$TEST_DIR/versus rc=0 trace=()
+    local results=$TEST_DIR/versus trace=()
     if command -v perf >/dev/null; then trace=(--block-trace); else log "no perf: bench/versus without --block-trace"; fi
-    log "bench/versus --workloads rw-sync,ro --slices 4 --duration 3 --scale 1 ${trace[*]}"
-    timeout --kill-after=20 "$BENCH_TIMEOUT_S" "$REPO_ROOT/bench/versus" --workloads rw-sync,ro --slices 4 \
-        --duration 3 --scale 1 --clients 4 --results "$results" "${trace[@]}" >"$TEST_DIR/versus.out" 2>&1 || rc=$?
-    if ((rc != 0)); then
-        tail -n 40 "$TEST_DIR/versus.out" >&2
-        die "bench/versus exited $rc"
-    fi
+    versus_run versus --workloads rw-sync,ro --slices 4 --duration 3 --scale 1 --clients 4 "${trace[@]}"
     python3 - "$results" "${trace[*]}" <<'PY' || die "bench/versus: results incomplete"
 import csv, os, re, sys
 d, traced = sys.argv[1], sys.argv[2] != ""
@@ -382,6 +377,38 @@ PY
     log "ok - bench/versus: summary complete"
 }
 
+# versus_run NAME ARGS...: bench/versus ARGS --results $TEST_DIR/NAME, its output in
+# $TEST_DIR/NAME.out (the tail printed if it fails).
+versus_run() {
+    local name=$1 rc=0
+    shift
+    log "bench/versus $*"
+    timeout --kill-after=20 "$BENCH_TIMEOUT_S" "$REPO_ROOT/bench/versus" "$@" --results "$TEST_DIR/$name" \
+        >"$TEST_DIR/$name.out" 2>&1 || rc=$?
+    if ((rc != 0)); then
+        tail -n 40 "$TEST_DIR/$name.out" >&2
+        die "bench/versus exited $rc"
+    fi
+}
+
+# bench/versus against the durable reference, nbdkit's file plugin: its stack came up beside
+# bucketfs's, both sides have a TPS and their server's CPU in rw-sync, and the summary names
+# the reference.
+run_versus_durable() {
+    versus_run versus-file --reference nbdkit-file --workloads rw-sync --slices 2 --duration 3 --scale 1 --clients 4
+    python3 - "$TEST_DIR/versus-file" <<'PY' || die "bench/versus --reference nbdkit-file: results incomplete"
+import csv, os, sys
+d = sys.argv[1]
+rows = list(csv.DictReader(open(os.path.join(d, "slices-rw-sync.tsv")), delimiter="\t"))
+assert [r["side"] for r in rows] == ["A", "B"], rows
+assert all(float(r["tps"]) > 0 and float(r["server_cpu_us_per_tx"]) > 0 for r in rows), rows
+text = open(os.path.join(d, "summary.txt")).read()
+assert "A nbdkit-file" in text and "B bucketfs" in text, text
+assert "B/A TPS over 1 neighbouring pairs: mean" in text, text
+print("ok - bench/versus --reference nbdkit-file: both sides measured, the summary names the reference")
+PY
+}
+
 for backend in $BUCKETFS_TEST_BACKENDS; do
     case $backend in
     file)
@@ -390,6 +417,7 @@ for backend in $BUCKETFS_TEST_BACKENDS; do
         run_rounds
         run_ab
         run_versus
+        run_versus_durable
         ;;
     s3)
         run_bench tiny-s3 local,bucketfs-s3,peer \
