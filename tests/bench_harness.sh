@@ -22,7 +22,7 @@
 #      in A B B A order, each has its TPS and the server's CPU, and the summary its ratios.
 #   5. (file backend) bench/versus, nbdkit against bucketfs, rw-sync and ro in 4 slices of 3 s
 #      each: the same checks per workload. Then against the durable reference
-#      (--reference nbdkit-file), rw-sync in 2 slices.
+#      (--reference nbdkit-file), rw-sync in 2 slices, on a zram device of its own (--zram).
 set -euo pipefail
 # shellcheck source=tests/lib.sh
 source "$(dirname "$0")/lib.sh"
@@ -362,6 +362,7 @@ for workload in ("rw-sync", "ro"):
         # rw-sync reaches both servers; read-only may be served from PostgreSQL's buffers alone.
         assert r["server_cpu_us_per_tx"] != "" and (workload == "ro" or float(r["server_cpu_us_per_tx"]) > 0), r
 text = open(os.path.join(d, "summary.txt")).read()
+assert re.match(r"scratch: \S+ on /dev/\S+, write cache: (write back|write through)\n", text), text
 assert text.count("B/A TPS over 2 neighbouring pairs: mean") == 2, text
 assert "A nbdkit" in text and "B bucketfs" in text and text.index("rw-sync:") < text.index("ro:"), text
 if traced:
@@ -391,23 +392,30 @@ versus_run() {
     fi
 }
 
-# bench/versus against the durable reference, nbdkit's file plugin: its stack came up beside
-# bucketfs's, both sides have a TPS and their server's CPU in rw-sync, and the summary names
-# the reference.
+# bench/versus against the durable reference, nbdkit's file plugin, on a zram device (--zram):
+# its stack came up beside bucketfs's, both sides have a TPS and their server's CPU in rw-sync,
+# the summary names the reference and the scratch device (write-through), and the zram device
+# and its mount are gone afterwards.
 run_versus_durable() {
-    versus_run versus-file --reference nbdkit-file --workloads rw-sync --slices 2 --duration 3 --scale 1 --clients 4
-    python3 - "$TEST_DIR/versus-file" <<'PY' || die "bench/versus --reference nbdkit-file: results incomplete"
+    local zram_before
+    zram_before=$(zram_devices)
+    versus_run versus-file --zram --reference nbdkit-file --workloads rw-sync --slices 2 --duration 3 --scale 1 --clients 4
+    [[ $(zram_devices) == "$zram_before" ]] || die "bench/versus --zram left a zram device: $(zram_devices)"
+    ! grep -q bucketfs-versus-zram /proc/mounts || die "bench/versus --zram left its mount"
+    python3 - "$TEST_DIR/versus-file" <<'PY' || die "bench/versus --zram --reference nbdkit-file: results incomplete"
 import csv, os, sys
 d = sys.argv[1]
 rows = list(csv.DictReader(open(os.path.join(d, "slices-rw-sync.tsv")), delimiter="\t"))
 assert [r["side"] for r in rows] == ["A", "B"], rows
 assert all(float(r["tps"]) > 0 and float(r["server_cpu_us_per_tx"]) > 0 for r in rows), rows
 text = open(os.path.join(d, "summary.txt")).read()
+assert text.startswith("scratch: ext4 on /dev/zram") and ", write cache: write through\n" in text, text
 assert "A nbdkit-file" in text and "B bucketfs" in text, text
 assert "B/A TPS over 1 neighbouring pairs: mean" in text, text
-print("ok - bench/versus --reference nbdkit-file: both sides measured, the summary names the reference")
+print("ok - bench/versus --zram --reference nbdkit-file: both sides measured on zram, the summary names both")
 PY
 }
+zram_devices() { find /sys/block -maxdepth 1 -name 'zram*' -printf '%f ' | tr ' ' '\n' | sort | tr '\n' ' '; }
 
 for backend in $BUCKETFS_TEST_BACKENDS; do
     case $backend in
