@@ -1,7 +1,10 @@
 //! How often clients ask for flush barriers: the engine starts writes on their way to the
-//! bucket early (write-behind) only while barriers come every few milliseconds.
+//! bucket early (write-behind) only while barriers come often: every write while they come
+//! every few milliseconds, gathered writes while they come every few hundred.
 
-use crate::limits::{BARRIER_GAP_COUNTED_MAX_US, WRITE_BEHIND_BARRIER_GAP_US};
+use crate::limits::{
+    BARRIER_GAP_COUNTED_MAX_US, WRITE_BEHIND_BARRIER_GAP_US, WRITE_BEHIND_GATHERED_BARRIER_GAP_US,
+};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
@@ -35,9 +38,9 @@ impl BarrierCadence {
         self.note_at(self.now_us());
     }
 
-    /// Whether barriers are frequent enough, on average and lately, for write-behind.
-    pub fn frequent(&self) -> bool {
-        self.frequent_at(self.now_us())
+    /// Which write-behind the barriers' cadence, on average and lately, calls for.
+    pub fn write_behind(&self) -> WriteBehind {
+        self.write_behind_at(self.now_us())
     }
 
     fn note_at(&self, now_us: u64) {
@@ -48,11 +51,37 @@ impl BarrierCadence {
             .store((mean + (gap - mean) / 8) as u64, Ordering::Relaxed);
     }
 
-    fn frequent_at(&self, now_us: u64) -> bool {
+    fn write_behind_at(&self, now_us: u64) -> WriteBehind {
         let since_last = now_us.saturating_sub(self.last_us.load(Ordering::Relaxed));
-        since_last <= WRITE_BEHIND_BARRIER_GAP_US
-            && self.mean_gap_us.load(Ordering::Relaxed) <= WRITE_BEHIND_BARRIER_GAP_US
+        let gap = since_last.max(self.mean_gap_us.load(Ordering::Relaxed));
+        if gap <= WRITE_BEHIND_BARRIER_GAP_US {
+            WriteBehind::EveryWrite
+        } else if gap <= WRITE_BEHIND_GATHERED_BARRIER_GAP_US {
+            WriteBehind::Gathered
+        } else {
+            WriteBehind::Off
+        }
     }
+
+    #[cfg(test)]
+    fn frequent_at(&self, now_us: u64) -> bool {
+        self.write_behind_at(now_us) == WriteBehind::EveryWrite
+    }
+}
+
+/// When writes start on their way to the bucket ahead of the barrier that will need them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WriteBehind {
+    /// Barriers are rare (bulk writes, an idle client): writes gather until a barrier or until
+    /// enough are in memory for a large object.
+    Off,
+    /// A barrier every few hundred milliseconds (PostgreSQL with `synchronous_commit = off`,
+    /// whose WAL writer flushes several times a second): once
+    /// `WRITE_BEHIND_GATHERED_BYTES` have gathered, so a barrier seals at most about that
+    /// much while the client waits.
+    Gathered,
+    /// A barrier every few milliseconds (an fsync per transaction): every write.
+    EveryWrite,
 }
 
 #[cfg(test)]
@@ -94,6 +123,25 @@ mod tests {
         );
         let t = barriers(&c, t, 100_000, 3);
         assert!(!c.frequent_at(t), "barriers 100 ms apart are not frequent");
+    }
+
+    #[test]
+    fn barriers_a_tenth_of_a_second_apart_gather_writes() {
+        let c = BarrierCadence::default();
+        assert_eq!(c.write_behind_at(0), WriteBehind::Off);
+        let t = barriers(&c, 0, 100_000, 40);
+        assert_eq!(c.write_behind_at(t), WriteBehind::Gathered);
+        assert_eq!(
+            c.write_behind_at(t + WRITE_BEHIND_GATHERED_BARRIER_GAP_US + 1),
+            WriteBehind::Off,
+            "no barrier lately"
+        );
+        let t = barriers(&c, t, 5_000_000, 20);
+        assert_eq!(
+            c.write_behind_at(t),
+            WriteBehind::Off,
+            "a file system's journal commits every 5 s"
+        );
     }
 
     #[test]

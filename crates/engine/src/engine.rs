@@ -9,7 +9,7 @@
 
 use crate::bucket::{DeleteMode, PutMode, SharedBucket, StoreError};
 use crate::cache::DiskCache;
-use crate::cadence::BarrierCadence;
+use crate::cadence::{BarrierCadence, WriteBehind};
 use crate::crypto::{KeyError, Sealer, Superblock};
 use crate::extent_buffers::ExtentBuffers;
 use crate::frame::{self, Codec, FRAME_BYTES_MAX};
@@ -307,7 +307,7 @@ struct Inner {
     object_buffers: Arc<ObjectBuffers>,
     extent_buffers: ExtentBuffers,
     background_flush: AtomicBool,
-    /// How often clients ask for barriers; write-behind runs while they are frequent.
+    /// How often clients ask for barriers; write-behind runs while they are frequent enough.
     barrier_cadence: BarrierCadence,
     /// A write-behind flush is sealing or uploading (one at a time).
     write_behind_running: AtomicBool,
@@ -688,14 +688,16 @@ impl Engine {
     /// While clients ask for a barrier every few milliseconds (an fsync per transaction), a
     /// write is sealed and uploaded as soon as it is applied, so the barrier that follows finds
     /// it on its way: the upload overlaps the client's own round trip from the write's reply to
-    /// its flush, instead of starting after it. One write-behind at a time: writes applied
+    /// its flush, instead of starting after it. While they ask every few hundred milliseconds,
+    /// writes are sealed and uploaded once `WRITE_BEHIND_GATHERED_BYTES` have gathered, so a
+    /// barrier seals at most about that much itself. One write-behind at a time: writes applied
     /// meanwhile go together in its next object, so a burst of writes is not cut into an object
     /// each. The task starts when the writer's task next waits, so a caller that answers its
     /// client from that task (the NBD server does) sends the reply first. Yielding here instead
     /// put the task at the back of the run queue and woke the other worker to steal it: 10 %
     /// more server CPU per transaction under pgbench rw-sync (docs/benchmarks.md).
-    fn write_behind(&self) {
-        if !self.inner.barrier_cadence.frequent()
+    fn write_behind(&self, pending_bytes: usize) {
+        if !self.write_behind_due(pending_bytes)
             || self.inner.write_behind_running.swap(true, Ordering::AcqRel)
         {
             return;
@@ -707,15 +709,29 @@ impl Engine {
                 engine.write_behind_until_caught_up().await
             };
             // A write applied after the last look found the flag still set and started nothing.
-            if covered.is_some_and(|gen| engine.inner.state.lock().write_gen > gen) {
-                engine.write_behind();
+            if let Some(gen) = covered {
+                let pending_bytes = {
+                    let st = engine.inner.state.lock();
+                    (st.write_gen > gen).then(|| st.pending.data_bytes())
+                };
+                if let Some(pending_bytes) = pending_bytes {
+                    engine.write_behind(pending_bytes);
+                }
             }
         });
     }
 
-    /// Seals and uploads what is pending until nothing more is, barriers stop being frequent,
-    /// or an upload fails (`None`: the next barrier retries it). Returns the write generation
-    /// it made durable.
+    /// Whether the barriers' cadence calls for a write-behind with this much pending.
+    fn write_behind_due(&self, pending_bytes: usize) -> bool {
+        match self.inner.barrier_cadence.write_behind() {
+            WriteBehind::EveryWrite => true,
+            WriteBehind::Gathered => pending_bytes >= WRITE_BEHIND_GATHERED_BYTES,
+            WriteBehind::Off => false,
+        }
+    }
+
+    /// Seals and uploads what is pending until nothing more is due, or an upload fails (`None`:
+    /// the next barrier retries it). Returns the write generation it made durable.
     async fn write_behind_until_caught_up(&self) -> Option<u64> {
         loop {
             let target = self.inner.state.lock().write_gen;
@@ -731,7 +747,8 @@ impl Engine {
                 tracing::error!(error = %e, "write-behind flush failed; the writes stay in memory and the next flush retries");
                 return None;
             }
-            if !self.inner.barrier_cadence.frequent() {
+            let pending_bytes = self.inner.state.lock().pending.data_bytes();
+            if !self.write_behind_due(pending_bytes) {
                 return Some(target);
             }
         }
@@ -795,8 +812,9 @@ impl Engine {
                 if missing.is_empty() {
                     self.apply_write(&mut st, ino, offset, length, fill, &mut whole_extents);
                     st.write_gen += 1;
+                    let pending_bytes = st.pending.data_bytes();
                     drop(st);
-                    self.write_behind();
+                    self.write_behind(pending_bytes);
                     return Ok(());
                 }
                 (missing, st.commit_gen)

@@ -143,6 +143,63 @@ async fn writes_start_for_the_bucket_early_only_while_barriers_are_frequent() {
     panic!("no write was uploaded without a barrier while barriers were frequent");
 }
 
+/// While barriers come every few hundred milliseconds (PostgreSQL's WAL writer under
+/// `synchronous_commit = off`), writes go to the bucket early once enough of them have gathered
+/// for an object, and not before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_gather_for_the_bucket_early_while_barriers_come_every_few_hundred_ms() {
+    use bucketfs_engine::limits::{WRITE_BEHIND_BARRIER_GAP_US, WRITE_BEHIND_GATHERED_BYTES};
+    let w = world();
+    let e = open(&w).await;
+    let gap = std::time::Duration::from_micros(5 * WRITE_BEHIND_BARRIER_GAP_US);
+    let small = pattern(3, 4 * EXTENT_SIZE_BYTES);
+    let large = pattern(7, WRITE_BEHIND_GATHERED_BYTES);
+    // Attempts are repeated because a stall of a few hundred milliseconds (a busy machine)
+    // between the last barrier and the writes rightly leaves them waiting for a barrier.
+    for attempt in 0..5u64 {
+        for i in 0..24u64 {
+            let d = pattern(i as u8, 4096);
+            e.write(2, i * 4096, 4096, Fill::Data(&d)).await.unwrap();
+            e.flush().await.unwrap();
+            tokio::time::sleep(gap).await;
+        }
+        let written = e.stats().log_objects_written;
+        let base = (attempt + 1) << 30;
+        e.write(3, base, small.len() as u64, Fill::Data(&small))
+            .await
+            .unwrap();
+        tokio::time::sleep(gap).await;
+        let stats = e.stats();
+        assert_eq!(
+            stats.log_objects_written, written,
+            "a few extents wait for the barrier"
+        );
+        assert!(stats.pending_bytes >= small.len() as u64);
+        let at = base + small.len() as u64;
+        e.write(3, at, large.len() as u64, Fill::Data(&large))
+            .await
+            .unwrap();
+        let started = std::time::Instant::now();
+        while started.elapsed() < std::time::Duration::from_millis(200) {
+            let stats = e.stats();
+            if stats.log_objects_written > written && stats.pending_bytes == 0 {
+                drop(e); // a crash before any barrier asked for the writes
+                let e = open(&w).await;
+                assert_eq!(e.read(3, base, small.len()).await.unwrap(), small);
+                assert_eq!(
+                    e.read(3, at, large.len()).await.unwrap(),
+                    large,
+                    "the gathered write-behind object is durable and replayed"
+                );
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        e.flush().await.unwrap();
+    }
+    panic!("gathered writes were not uploaded without a barrier");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn punch_and_zero_and_allocation_map() {
     let w = world();
