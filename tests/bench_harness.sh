@@ -23,6 +23,8 @@
 #   5. (file backend) bench/versus, nbdkit against bucketfs, rw-sync and ro in 4 slices of 3 s
 #      each: the same checks per workload. Then against the durable reference
 #      (--reference nbdkit-file), rw-sync in 2 slices, on a zram device of its own (--zram).
+#      Then two bucketfs builds side by side (--reference bucketfs:BINARY, here the same one),
+#      rw-async in 2 slices: both servers measured, both stopped.
 set -euo pipefail
 # shellcheck source=tests/lib.sh
 source "$(dirname "$0")/lib.sh"
@@ -415,6 +417,25 @@ assert "B/A TPS over 1 neighbouring pairs: mean" in text, text
 print("ok - bench/versus --zram --reference nbdkit-file: both sides measured on zram, the summary names both")
 PY
 }
+# bench/versus between two bucketfs builds (here the same binary twice): each side had its own
+# server, with a TPS and that server's CPU, the summary names the reference's binary, and both
+# servers are gone afterwards.
+run_versus_builds() {
+    versus_run versus-builds --reference "bucketfs:$BUCKETFS" --workloads rw-async --slices 2 --duration 3 --scale 1 --clients 4
+    python3 - "$TEST_DIR/versus-builds" "$BUCKETFS" <<'PY' || die "bench/versus --reference bucketfs:BINARY: results incomplete"
+import csv, os, sys
+d, binary = sys.argv[1], os.path.realpath(sys.argv[2])
+rows = list(csv.DictReader(open(os.path.join(d, "slices-rw-async.tsv")), delimiter="\t"))
+assert [r["side"] for r in rows] == ["A", "B"], rows
+assert all(float(r["tps"]) > 0 and float(r["server_cpu_us_per_tx"]) > 0 for r in rows), rows
+text = open(os.path.join(d, "summary.txt")).read()
+assert f"A bucketfs:{binary}" in text and "B bucketfs" in text, text
+assert "B/A TPS over 1 neighbouring pairs: mean" in text, text
+print("ok - bench/versus --reference bucketfs:BINARY: two servers side by side, both measured")
+PY
+    ! pgrep -f "run -c .*/bucketfs-versus\.[^/]*/[AB]/bucket/bucketfs\.toml" >/dev/null ||
+        die "a bucketfs server outlived bench/versus: $(pgrep -af 'bucketfs-versus\.')"
+}
 zram_devices() { find /sys/block -maxdepth 1 -name 'zram*' -printf '%f ' | tr ' ' '\n' | sort | tr '\n' ' '; }
 
 for backend in $BUCKETFS_TEST_BACKENDS; do
@@ -426,6 +447,7 @@ for backend in $BUCKETFS_TEST_BACKENDS; do
         run_ab
         run_versus
         run_versus_durable
+        run_versus_builds
         ;;
     s3)
         run_bench tiny-s3 local,bucketfs-s3,peer \

@@ -210,6 +210,15 @@ pub enum KvChange {
     Delete(Vec<u8>),
 }
 
+/// Who waits for a flush: the codec follows (`Engine::codec_for`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Waiting {
+    /// A client's barrier, or write-behind ahead of the one that will come.
+    Client,
+    /// The engine's own: memory filling up, the periodic flush, repacking, closing.
+    Engine,
+}
+
 /// A sealed log object waiting for (or retrying) its upload.
 #[derive(Clone)]
 struct Sealed {
@@ -252,6 +261,9 @@ pub struct EngineStats {
     /// fsync latency a client sees.
     pub barrier_wait_us: u64,
     pub flushes: u64,
+    /// Flushes sealed with lz4: all of them if lz4 is configured; with zstd, those a client
+    /// waited on at a steady cadence (`Engine::codec_for`).
+    pub flushes_lz4: u64,
     /// Flushes started by write-behind (`Engine::write`), no barrier waiting on them yet.
     pub write_behind_flushes: u64,
     pub log_objects_written: u64,
@@ -271,6 +283,7 @@ struct Counters {
     barriers: AtomicU64,
     barrier_wait_us: AtomicU64,
     flushes: AtomicU64,
+    flushes_lz4: AtomicU64,
     write_behind_flushes: AtomicU64,
     log_objects_written: AtomicU64,
     log_bytes_written: AtomicU64,
@@ -609,7 +622,7 @@ impl Engine {
                 let Some(inner) = weak.upgrade() else { return };
                 let engine = Engine { inner };
                 if engine.has_unflushed() {
-                    if let Err(e) = engine.barrier().await {
+                    if let Err(e) = engine.barrier(Waiting::Engine).await {
                         tracing::error!(error = %e, "periodic flush failed; unflushed writes stay in memory and are retried");
                     }
                 }
@@ -657,7 +670,7 @@ impl Engine {
             if self.inner.upload_failing.load(Ordering::Acquire) {
                 // The store is refusing uploads: retry in the foreground so this writer gets
                 // the error instead of waiting without end.
-                self.barrier().await?;
+                self.barrier(Waiting::Engine).await?;
                 continue;
             }
             // Wait for an upload to commit (or a moment, in case a kick was missed).
@@ -674,7 +687,7 @@ impl Engine {
         let engine = self.clone();
         tokio::spawn(async move {
             let target = engine.inner.state.lock().write_gen;
-            engine.seal_pending(target).await;
+            engine.seal_pending(target, Waiting::Engine).await;
             engine
                 .inner
                 .background_flush
@@ -742,7 +755,7 @@ impl Engine {
                 .counters
                 .write_behind_flushes
                 .fetch_add(1, Ordering::Relaxed);
-            self.seal_pending(target).await;
+            self.seal_pending(target, Waiting::Client).await;
             if let Err(e) = self.upload_queued(target).await {
                 tracing::error!(error = %e, "write-behind flush failed; the writes stay in memory and the next flush retries");
                 return None;
@@ -1161,16 +1174,20 @@ impl Engine {
     /// admin change): it counts towards the cadence that turns write-behind on.
     pub async fn flush(&self) -> Result<(), EngineError> {
         self.inner.barrier_cadence.note();
-        self.barrier().await
+        self.barrier(Waiting::Client).await
     }
 
-    /// `flush` without counting towards the client's cadence (the engine's own flushes).
-    async fn barrier(&self) -> Result<(), EngineError> {
+    /// `flush` without counting towards the client's cadence: the engine's own flushes, and
+    /// a client's through `flush`.
+    async fn barrier(&self, waiting: Waiting) -> Result<(), EngineError> {
         if self.inner.read_only {
             return Ok(());
         }
         let started = std::time::Instant::now();
-        let target = self.inner.state.lock().write_gen;
+        let (target, pending_bytes) = {
+            let st = self.inner.state.lock();
+            (st.write_gen, st.pending.data_bytes())
+        };
         let result = loop {
             if self.inner.durable_gen.load(Ordering::Acquire) >= target {
                 break Ok(());
@@ -1178,21 +1195,22 @@ impl Engine {
             if let Some(why) = &*self.inner.poisoned.lock() {
                 break Err(EngineError::Poisoned(why.clone()));
             }
-            self.seal_pending(target).await;
+            self.seal_pending(target, waiting).await;
             if let Err(e) = self.upload_queued(target).await {
                 break Err(e);
             }
         };
+        let wait_us = started.elapsed().as_micros() as u64;
+        tracing::debug!(target, pending_bytes, wait_us, ?waiting, "barrier");
         let c = &self.inner.counters;
         c.barriers.fetch_add(1, Ordering::Relaxed);
-        c.barrier_wait_us
-            .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+        c.barrier_wait_us.fetch_add(wait_us, Ordering::Relaxed);
         result
     }
 
     /// Stage one: unless a queued batch already covers `target`, freeze the pending batch, seal
     /// it and queue it.
-    async fn seal_pending(&self, target: u64) {
+    async fn seal_pending(&self, target: u64, waiting: Waiting) {
         let mut ctl = self.inner.seal.lock().await;
         let frozen_gen = self.inner.queue.lock().back().map(|s| s.gen);
         if frozen_gen.is_some_and(|g| g >= target)
@@ -1223,12 +1241,14 @@ impl Engine {
         let started = std::time::Instant::now();
         let gen = batch.gen;
         let extents = batch.extents.len();
-        let (object, ops) = self.encode(seq, batch).await;
+        let codec = self.codec_for(batch.extents.len(), waiting);
+        let (object, ops) = self.encode(seq, batch, codec).await;
         tracing::debug!(
             seq,
             bytes = object.as_ref().len(),
             extents,
             seal_us = started.elapsed().as_micros() as u64,
+            ?codec,
             "sealed"
         );
         self.inner.queue.lock().push_back(Sealed {
@@ -1238,7 +1258,11 @@ impl Engine {
             ops: Arc::new(ops),
             gen,
         });
-        self.inner.counters.flushes.fetch_add(1, Ordering::Relaxed);
+        let c = &self.inner.counters;
+        c.flushes.fetch_add(1, Ordering::Relaxed);
+        if codec == Codec::Lz4 {
+            c.flushes_lz4.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// Stage two: upload and commit queued objects in order until `target` is durable.
@@ -1405,20 +1429,57 @@ impl Engine {
         }
     }
 
+    /// The codec a batch of `extents` is sealed with. With zstd configured, lz4 where a client
+    /// waits on the seal at a steady cadence:
+    /// - the small batches of fsync-driven flushes: zstd was most of their sealing, and with
+    ///   lz4 bucketfs used ~5 % less CPU per pgbench rw-sync transaction (bench/ab), though it
+    ///   uploads about a third more bytes;
+    /// - any batch a client's barrier or write-behind seals while the barriers come less than
+    ///   `WRITE_BEHIND_GATHERED_BARRIER_GAP_US` apart: under pgbench rw-async the barrier was
+    ///   mostly the WAL writer's ~1 MiB being sealed with zstd on cores PostgreSQL keeps busy
+    ///   (docs/benchmarks.md, "lz4 where a client waits").
+    ///
+    /// The engine's own flushes (memory filling up, the periodic flush, repacking) and a
+    /// barrier after a quiet spell, such as a bulk load's, use the configured codec. Most
+    /// lz4 objects are garbage within seconds; the collector repacks the frames that stay live
+    /// in small objects into large ones, with the configured codec.
+    fn codec_for(&self, extents: usize, waiting: Waiting) -> Codec {
+        match self.inner.codec {
+            Codec::Zstd
+                if extents <= INLINE_SEAL_EXTENTS_MAX
+                    || (waiting == Waiting::Client
+                        && self.inner.barrier_cadence.write_behind() != WriteBehind::Off) =>
+            {
+                Codec::Lz4
+            }
+            configured => configured,
+        }
+    }
+
     /// Seals the batch's extents (on blocking threads, in parallel) into a log object.
-    async fn encode(&self, seq: u64, batch: Arc<Batch>) -> (ObjectBuffer, Vec<MetaOp>) {
+    async fn encode(
+        &self,
+        seq: u64,
+        batch: Arc<Batch>,
+        codec: Codec,
+    ) -> (ObjectBuffer, Vec<MetaOp>) {
         // The fsync-heavy case (a few extents per flush) takes tens of microseconds to seal:
         // less than the hop to a blocking thread, which sits on the critical path of an fsync.
         if batch.extents.len() <= INLINE_SEAL_EXTENTS_MAX {
-            return self.encode_blocking(seq, &batch);
+            return self.encode_blocking(seq, &batch, codec);
         }
         let engine = self.clone();
-        tokio::task::spawn_blocking(move || engine.encode_blocking(seq, &batch))
+        tokio::task::spawn_blocking(move || engine.encode_blocking(seq, &batch, codec))
             .await
             .expect("encoding does not panic")
     }
 
-    fn encode_blocking(&self, seq: u64, batch: &Batch) -> (ObjectBuffer, Vec<MetaOp>) {
+    fn encode_blocking(
+        &self,
+        seq: u64,
+        batch: &Batch,
+        codec: Codec,
+    ) -> (ObjectBuffer, Vec<MetaOp>) {
         let mut ops: Vec<MetaOp> = batch
             .kv
             .iter()
@@ -1444,15 +1505,6 @@ impl Engine {
         let threads = cpu_count().min(data.len().div_ceil(8)).max(1);
         let chunk = data.len().div_ceil(threads).max(1);
         let sealer = &self.inner.sealer;
-        // Small batches, the fsync-driven ones sealed on the flush path, are compressed with lz4
-        // when zstd is configured: zstd was most of their sealing, and with lz4 bucketfs used
-        // ~5 % less CPU per pgbench rw-sync transaction (bench/ab), though it uploads about a
-        // third more bytes. Most such objects are garbage within seconds; the collector repacks
-        // the frames that stay live into large objects, which use the configured codec.
-        let codec = match self.inner.codec {
-            Codec::Zstd if data.len() <= INLINE_SEAL_EXTENTS_MAX => Codec::Lz4,
-            configured => configured,
-        };
         // Each part is sealed into its own stretch of the object buffer, sized for frames that
         // do not compress; the parts are then moved together.
         let stretch = chunk * FRAME_BYTES_MAX;
@@ -1842,7 +1894,7 @@ impl Engine {
                 .extents_repacked
                 .fetch_add(moved, Ordering::Relaxed);
             tracing::debug!(extents = moved, "repacking");
-            self.barrier().await?;
+            self.barrier(Waiting::Engine).await?;
             self.inner
                 .repacked_uncollected
                 .store(true, Ordering::Release);
@@ -1855,7 +1907,7 @@ impl Engine {
         if self.inner.read_only {
             return Ok(());
         }
-        self.barrier().await?;
+        self.barrier(Waiting::Engine).await?;
         *self.inner.poisoned.lock() = Some("the engine is closed".into());
         self.inner.bucket.end_writing().await?;
         if let Some(me) = &self.inner.lock_holder {
@@ -1871,6 +1923,7 @@ impl Engine {
             barriers: c.barriers.load(Ordering::Relaxed),
             barrier_wait_us: c.barrier_wait_us.load(Ordering::Relaxed),
             flushes: c.flushes.load(Ordering::Relaxed),
+            flushes_lz4: c.flushes_lz4.load(Ordering::Relaxed),
             write_behind_flushes: c.write_behind_flushes.load(Ordering::Relaxed),
             log_objects_written: c.log_objects_written.load(Ordering::Relaxed),
             log_bytes_written: c.log_bytes_written.load(Ordering::Relaxed),

@@ -200,6 +200,59 @@ async fn writes_gather_for_the_bucket_early_while_barriers_come_every_few_hundre
     panic!("gathered writes were not uploaded without a barrier");
 }
 
+/// With zstd configured, what a client waits on while its barriers come often is sealed with
+/// lz4; a barrier after rare ones, and the engine's own flushes, use zstd. Both read back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lz4_seals_what_a_client_waits_on_at_a_steady_cadence_and_zstd_the_rest() {
+    let w = world();
+    let e = open(&w).await;
+    // More extents than a small fsync-driven batch (lz4 at any cadence), fewer than start a
+    // gathered write-behind.
+    let batch = |seed| pattern(seed, 24 * EXTENT_SIZE_BYTES);
+    let len = batch(0).len() as u64;
+    let counts = |e: &Engine| (e.stats().flushes, e.stats().flushes_lz4);
+
+    // A fresh engine counts barriers as rare.
+    e.write(1, 0, len, Fill::Data(&batch(1))).await.unwrap();
+    e.flush().await.unwrap();
+    assert_eq!(counts(&e), (1, 0), "a rare barrier seals with zstd");
+
+    // Barriers every 20 ms, each after a one-page write (a small batch: lz4 anyway).
+    for i in 0..16u64 {
+        e.write(2, i * 4096, 4096, Fill::Data(&pattern(i as u8, 4096)))
+            .await
+            .unwrap();
+        e.flush().await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let (flushes, lz4) = counts(&e);
+    e.write(1, 1 << 20, len, Fill::Data(&batch(2)))
+        .await
+        .unwrap();
+    e.flush().await.unwrap();
+    assert_eq!(
+        counts(&e),
+        (flushes + 1, lz4 + 1),
+        "a client's barrier at a steady cadence seals with lz4"
+    );
+
+    // The engine's own flush (closing) at the same cadence.
+    e.write(1, 2 << 20, len, Fill::Data(&batch(3)))
+        .await
+        .unwrap();
+    e.close().await.unwrap();
+    assert_eq!(
+        counts(&e),
+        (flushes + 2, lz4 + 1),
+        "the engine's own flush seals with zstd"
+    );
+
+    let e = open(&w).await;
+    for (seed, at) in [(1, 0), (2, 1 << 20), (3, 2 << 20)] {
+        assert_eq!(e.read(1, at, len as usize).await.unwrap(), batch(seed));
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn punch_and_zero_and_allocation_map() {
     let w = world();
