@@ -63,8 +63,8 @@ encryption_password = "${BUCKETFS_PASSWORD}"
 # Compression of file data before encryption: zstd (smaller), lz4 (faster) or none.
 # Recorded per extent, so a change applies to new writes and old data stays readable.
 # With zstd, what clients wait on while they fsync several times a second or more (every
-# commit, or a database's WAL writer) is sealed with lz4, a third of the CPU and latency for
-# about twice the bytes; what stays of it in small objects is rewritten later, with zstd.
+# commit, or a database's WAL writer) is sealed with lz4: about three times as fast, for up
+# to twice the bytes; what stays of it in small objects is rewritten later, with zstd.
 compression = "zstd"
 # Writes that nobody fsynced are uploaded at least this often (milliseconds); a crash can
 # lose only writes that are younger than this and were never flushed.

@@ -1177,8 +1177,8 @@ impl Engine {
         self.barrier(Waiting::Client).await
     }
 
-    /// `flush` without counting towards the client's cadence: the engine's own flushes, and
-    /// a client's through `flush`.
+    /// The barrier itself: a client's (through `flush`, which also counts it towards the
+    /// cadence) or the engine's own; `waiting` says whose, and so which codec seals it.
     async fn barrier(&self, waiting: Waiting) -> Result<(), EngineError> {
         if self.inner.read_only {
             return Ok(());
@@ -1241,7 +1241,7 @@ impl Engine {
         let started = std::time::Instant::now();
         let gen = batch.gen;
         let extents = batch.extents.len();
-        let codec = self.codec_for(batch.extents.len(), waiting);
+        let codec = self.codec_for(extents, waiting);
         let (object, ops) = self.encode(seq, batch, codec).await;
         tracing::debug!(
             seq,
@@ -1439,8 +1439,8 @@ impl Engine {
     ///   mostly the WAL writer's ~1 MiB being sealed with zstd on cores PostgreSQL keeps busy
     ///   (docs/benchmarks.md, "lz4 where a client waits").
     ///
-    /// The engine's own flushes (memory filling up, the periodic flush, repacking) and a
-    /// barrier after a quiet spell, such as a bulk load's, use the configured codec. Most
+    /// The engine's own flushes (memory filling up, the periodic flush, repacking) and the
+    /// barriers of a client that flushes rarely (a bulk load, fio) use the configured codec. Most
     /// lz4 objects are garbage within seconds; the collector repacks the frames that stay live
     /// in small objects into large ones, with the configured codec.
     fn codec_for(&self, extents: usize, waiting: Waiting) -> Codec {
