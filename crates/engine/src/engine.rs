@@ -89,6 +89,10 @@ impl From<ObjectError> for EngineError {
 #[derive(Debug, Clone)]
 enum Dirty {
     Data(Arc<Vec<u8>>),
+    /// Committed data the collector moves, unchanged, out of an object it wants dead
+    /// (`Engine::repack`): sealed with the configured codec, whichever codec seals the rest of
+    /// its batch, so that it is not moved again for being lz4.
+    Moved(Arc<Vec<u8>>),
     Hole,
 }
 
@@ -153,7 +157,7 @@ impl State {
         let key = (ino, index);
         for batch in self.newest_first() {
             match batch.extents.get(&key) {
-                Some(Dirty::Data(d)) => return Found::Data(d.clone()),
+                Some(Dirty::Data(d) | Dirty::Moved(d)) => return Found::Data(d.clone()),
                 Some(Dirty::Hole) => return Found::Zero,
                 None => {}
             }
@@ -172,7 +176,7 @@ impl State {
     fn punch(&mut self, ino: u64, index: u64) {
         let key = (ino, index);
         let older = match self.flushing.iter().rev().find_map(|f| f.extents.get(&key)) {
-            Some(Dirty::Data(_)) => true,
+            Some(Dirty::Data(_) | Dirty::Moved(_)) => true,
             Some(Dirty::Hole) => false,
             None => self.committed.extent(ino, index).is_some(),
         };
@@ -249,8 +253,9 @@ struct SealCtl {
 struct UploadCtl {
     checkpoint_seq: u64,
     log_bytes_since_checkpoint: u64,
-    /// Log objects in the bucket (for the garbage collector).
-    known_logs: BTreeSet<u64>,
+    /// Log objects in the bucket and their sizes in bytes (for the garbage collector, and
+    /// `Inner::log_bytes_stored`).
+    known_logs: BTreeMap<u64, u64>,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -268,10 +273,16 @@ pub struct EngineStats {
     pub write_behind_flushes: u64,
     pub log_objects_written: u64,
     pub log_bytes_written: u64,
+    /// Bytes of the log objects now in the bucket: what the data costs to store (checkpoints
+    /// and the superblock aside).
+    pub log_bytes_stored: u64,
     pub checkpoints_written: u64,
     pub log_objects_deleted: u64,
     /// Extents rewritten out of sparse log objects (`Engine::repack`).
     pub extents_repacked: u64,
+    /// Extents moved out of objects that hold lz4 frames, to be sealed with zstd
+    /// (`Engine::repack`).
+    pub extents_resealed: u64,
     pub pending_bytes: u64,
     pub extents: u64,
     pub memory_cache_extents: u64,
@@ -290,6 +301,7 @@ struct Counters {
     checkpoints_written: AtomicU64,
     log_objects_deleted: AtomicU64,
     extents_repacked: AtomicU64,
+    extents_resealed: AtomicU64,
 }
 
 struct Inner {
@@ -324,6 +336,9 @@ struct Inner {
     barrier_cadence: BarrierCadence,
     /// A write-behind flush is sealing or uploading (one at a time).
     write_behind_running: AtomicBool,
+    /// Bytes of the log objects in the bucket (`UploadCtl::known_logs`), readable without
+    /// its lock.
+    log_bytes_stored: AtomicU64,
     /// The last upload failed (its object is still queued).
     upload_failing: AtomicBool,
     /// Wakes writers waiting for room when an upload commits.
@@ -465,7 +480,7 @@ impl Engine {
             .iter()
             .filter_map(|o| logobj::parse_seq(&o.key, "log").map(|s| (s, o.size_bytes)))
             .collect();
-        let known_logs: BTreeSet<u64> = logs.iter().map(|(s, _)| *s).collect();
+        let known_logs: BTreeMap<u64, u64> = logs.iter().copied().collect();
         let to_replay: Vec<(u64, u64)> = logs
             .into_iter()
             .filter(|(s, _)| *s > checkpoint_seq)
@@ -532,11 +547,10 @@ impl Engine {
             }
         }
         let last_seq = known_logs
-            .iter()
-            .next_back()
-            .copied()
-            .unwrap_or(0)
+            .last_key_value()
+            .map_or(0, |(s, _)| *s)
             .max(checkpoint_seq);
+        let log_bytes_stored = known_logs.values().sum();
         tracing::info!(
             checkpoint_seq,
             replayed = records.len(),
@@ -595,6 +609,7 @@ impl Engine {
                 background_flush: AtomicBool::new(false),
                 barrier_cadence: BarrierCadence::default(),
                 write_behind_running: AtomicBool::new(false),
+                log_bytes_stored: AtomicU64::new(log_bytes_stored),
                 upload_failing: AtomicBool::new(false),
                 committed_notify: tokio::sync::Notify::new(),
                 stored_notify: tokio::sync::Notify::new(),
@@ -882,7 +897,7 @@ impl Engine {
                 }
             }
             let mut buf = match st.pending.extents.remove(&(ino, index)) {
-                Some(Dirty::Data(d)) => d,
+                Some(Dirty::Data(d) | Dirty::Moved(d)) => d,
                 Some(Dirty::Hole) => Arc::new(vec![0; EXTENT_SIZE_BYTES]),
                 None => match st.find(ino, index) {
                     Found::Data(d) => d,
@@ -1076,7 +1091,7 @@ impl Engine {
             for ((i, index), d) in &batch.extents {
                 if *i == ino && (first..=last).contains(index) {
                     match d {
-                        Dirty::Data(_) => allocated.insert(*index),
+                        Dirty::Data(_) | Dirty::Moved(_) => allocated.insert(*index),
                         Dirty::Hole => allocated.remove(index),
                     };
                 }
@@ -1491,17 +1506,18 @@ impl Engine {
                 None => MetaOp::KvDelete { key: k.clone() },
             })
             .collect();
-        let mut data: Vec<(u64, u64, &Arc<Vec<u8>>)> = Vec::new();
+        let mut data: Vec<(u64, u64, &Arc<Vec<u8>>, Codec)> = Vec::new();
         for ((ino, index), d) in &batch.extents {
             match d {
-                Dirty::Data(buf) => data.push((*ino, *index, buf)),
+                Dirty::Data(buf) => data.push((*ino, *index, buf, codec)),
+                Dirty::Moved(buf) => data.push((*ino, *index, buf, self.inner.codec)),
                 Dirty::Hole => ops.push(MetaOp::ExtentClear {
                     ino: *ino,
                     index: *index,
                 }),
             }
         }
-        data.sort_unstable_by_key(|(ino, index, _)| (*ino, *index));
+        data.sort_unstable_by_key(|(ino, index, _, _)| (*ino, *index));
         let threads = cpu_count().min(data.len().div_ceil(8)).max(1);
         let chunk = data.len().div_ceil(threads).max(1);
         let sealer = &self.inner.sealer;
@@ -1514,11 +1530,11 @@ impl Engine {
             .take(LOG_HEADER_BYTES + data.len() * FRAME_BYTES_MAX);
         let room = object.room();
         room[..LOG_HEADER_BYTES].copy_from_slice(&logobj::log_header(seq));
-        let seal_part = move |out: &mut [u8], part: &[(u64, u64, &Arc<Vec<u8>>)]| {
+        let seal_part = move |out: &mut [u8], part: &[(u64, u64, &Arc<Vec<u8>>, Codec)]| {
             let mut at = 0;
             part.iter()
-                .map(|(ino, index, plain)| {
-                    let n = frame::encode(&mut out[at..], sealer, codec, *ino, *index, plain);
+                .map(|(ino, index, plain, codec)| {
+                    let n = frame::encode(&mut out[at..], sealer, *codec, *ino, *index, plain);
                     at += n;
                     n
                 })
@@ -1545,13 +1561,15 @@ impl Engine {
                 .collect()
         };
         let mut at = LOG_HEADER_BYTES;
+        let mut holds_lz4 = false;
         for (i, (part_lens, part)) in lens.iter().zip(data.chunks(chunk)).enumerate() {
             let from = LOG_HEADER_BYTES + i * stretch;
             let used: usize = part_lens.iter().sum();
             if from != at {
                 room.copy_within(from..from + used, at);
             }
-            for (&n, (ino, index, _)) in part_lens.iter().zip(part) {
+            for (&n, (ino, index, _, _)) in part_lens.iter().zip(part) {
+                holds_lz4 |= frame::codec(&room[at..at + n]) == Some(Codec::Lz4);
                 let ptr = ExtentPtr {
                     seq,
                     offset: u32::try_from(at).expect("log objects stay below 4 GiB"),
@@ -1564,6 +1582,10 @@ impl Engine {
                 });
                 at += n;
             }
+        }
+        if holds_lz4 {
+            // After the extents it is about: applying it needs the object live.
+            ops.push(MetaOp::HoldsLz4 { seq });
         }
         let tail = logobj::log_tail(sealer, seq, &ops, at);
         object.reserve(at + tail.len());
@@ -1591,7 +1613,7 @@ impl Engine {
             }
             for ((ino, index), d) in &batch.extents {
                 match d {
-                    Dirty::Data(buf) => {
+                    Dirty::Data(buf) | Dirty::Moved(buf) => {
                         if let Some((_, old)) = st.clean.push((*ino, *index), buf.clone()) {
                             evicted.push(old);
                         }
@@ -1621,7 +1643,10 @@ impl Engine {
         };
         // Outside the lock, and after the batch is gone (it may hold some of the same extents).
         self.inner.extent_buffers.give_back(evicted);
-        ctl.known_logs.insert(seq);
+        ctl.known_logs.insert(seq, object.len() as u64);
+        self.inner
+            .log_bytes_stored
+            .fetch_add(object.len() as u64, Ordering::Relaxed);
         if self.inner.disk_cache.is_some() {
             // Up to DIRTY_BYTES_MAX of file writes: not on an async worker.
             let (engine, object) = (self.clone(), object.clone());
@@ -1636,13 +1661,13 @@ impl Engine {
             Ordering::Release,
         );
         if let Some(state) = snapshot {
-            let candidates = self.begin_checkpoint(ctl, seq);
+            let covered = self.begin_checkpoint(ctl, seq);
             let engine = self.clone();
             tokio::spawn(async move {
                 // Cleared however the task ends (a panic included), so the next one can run.
                 let _running = ClearOnDrop(&engine.inner.checkpoint_running);
                 if let Err(e) = engine
-                    .checkpoint_and_collect(seq, state, candidates, Repack::Yes)
+                    .checkpoint_and_collect(seq, state, covered, Repack::Yes)
                     .await
                 {
                     tracing::error!(seq, error = %e, "checkpoint failed; the log keeps growing until the next one");
@@ -1652,15 +1677,17 @@ impl Engine {
     }
 
     /// Starts the interval of the checkpoint as of log object `seq` (the caller holds the
-    /// committed map as of `seq` and has set `checkpoint_running`); returns the log objects it
-    /// covers, the candidates for collection.
-    fn begin_checkpoint(&self, ctl: &mut UploadCtl, seq: u64) -> Vec<u64> {
+    /// committed map as of `seq` and has set `checkpoint_running`); returns what it covers.
+    fn begin_checkpoint(&self, ctl: &mut UploadCtl, seq: u64) -> Covered {
         self.inner
             .repacked_uncollected
             .store(false, Ordering::Release);
-        ctl.checkpoint_seq = seq;
+        let previous_checkpoint_seq = std::mem::replace(&mut ctl.checkpoint_seq, seq);
         ctl.log_bytes_since_checkpoint = 0;
-        ctl.known_logs.range(..=seq).copied().collect()
+        Covered {
+            logs: ctl.known_logs.range(..=seq).map(|(s, _)| *s).collect(),
+            previous_checkpoint_seq,
+        }
     }
 
     /// Checks a few times per `quiet` whether the engine has been quiet that long with enough
@@ -1695,8 +1722,8 @@ impl Engine {
         }
         let since_checkpoint = |ctl: &UploadCtl| {
             ctl.known_logs
-                .last()
-                .map_or(0, |&s| s.saturating_sub(ctl.checkpoint_seq))
+                .last_key_value()
+                .map_or(0, |(s, _)| s.saturating_sub(ctl.checkpoint_seq))
         };
         self.quiet_checkpoint(
             |ctl, st| {
@@ -1723,7 +1750,7 @@ impl Engine {
         repack: Repack,
     ) -> Result<(), EngineError> {
         // Commits happen under `upload`: holding it, the map is exactly as of the last one.
-        let (seq, state, candidates) = {
+        let (seq, state, covered) = {
             let mut ctl = self.inner.upload.lock().await;
             let snapshot = {
                 let st = self.inner.state.lock();
@@ -1735,24 +1762,26 @@ impl Engine {
             };
             let seq = *ctl
                 .known_logs
-                .last()
-                .expect("a due checkpoint follows a committed log object");
+                .last_key_value()
+                .expect("a due checkpoint follows a committed log object")
+                .0;
             (seq, state, self.begin_checkpoint(&mut ctl, seq))
         };
         let _running = ClearOnDrop(&self.inner.checkpoint_running);
         tracing::debug!(seq, "quiet: writing a checkpoint");
-        self.checkpoint_and_collect(seq, state, candidates, repack)
+        self.checkpoint_and_collect(seq, state, covered, repack)
             .await
     }
 
     /// Writes a checkpoint as of log object `seq`, then deletes what it made unnecessary: older
     /// checkpoints and log objects up to `seq` that hold no live extent; then repacks those
-    /// that hold few live extents, so that the next checkpoint can delete them.
+    /// that hold few live extents, and re-seals long-lived lz4 frames, so that the next
+    /// checkpoint can delete the objects they leave.
     async fn checkpoint_and_collect(
         &self,
         seq: u64,
         state: MetaState,
-        candidates: Vec<u64>,
+        covered: Covered,
         repack: Repack,
     ) -> Result<(), EngineError> {
         let engine = self.clone();
@@ -1787,7 +1816,8 @@ impl Engine {
         // object found dead here stays dead.
         let (dead, live): (Vec<u64>, Vec<u64>) = {
             let st = self.inner.state.lock();
-            candidates
+            covered
+                .logs
                 .into_iter()
                 .partition(|s| st.committed.live_bytes(*s) == 0)
         };
@@ -1806,7 +1836,11 @@ impl Engine {
             // Not held any longer: the repack below flushes, and committing needs it.
             let mut ctl = self.inner.upload.lock().await;
             for s in &deleted {
-                ctl.known_logs.remove(s);
+                if let Some(bytes) = ctl.known_logs.remove(s) {
+                    self.inner
+                        .log_bytes_stored
+                        .fetch_sub(bytes, Ordering::Relaxed);
+                }
                 if let Some(c) = &self.inner.disk_cache {
                     c.drop_object(*s);
                 }
@@ -1820,64 +1854,99 @@ impl Engine {
         if repack == Repack::No {
             return Ok(());
         }
-        if let Err(e) = self.repack(&state, &live.into_iter().collect()).await {
-            tracing::warn!(seq, error = %e, "repacking sparse log objects failed; they stay until a later checkpoint tries again");
+        if let Err(e) = self
+            .repack(
+                &state,
+                &live.into_iter().collect(),
+                covered.previous_checkpoint_seq,
+            )
+            .await
+        {
+            tracing::warn!(seq, error = %e, "moving extents out of log objects failed; they stay until a later checkpoint tries again");
         }
         Ok(())
     }
 
-    /// Rewrites the extents of those `live` log objects that hold only a few
-    /// (REPACK_LIVE_EXTENTS_MAX, as `state`, the checkpoint's map, has them) into new log
-    /// objects, unchanged, by flushes. Those objects are then dead and the next checkpoint
-    /// deletes them, instead of a few extents that are never overwritten keeping each alive. An
-    /// extent written again meanwhile is left alone (the write kills its old frame anyway).
+    /// Moves extents, unchanged, out of log objects the checkpoint `state` covers, into new
+    /// log objects, so that the old ones die and the next checkpoint deletes them:
+    /// - the extents of those `live` objects that hold only a few (REPACK_LIVE_EXTENTS_MAX):
+    ///   a few extents that are never overwritten would otherwise keep each object alive;
+    /// - with zstd configured, the extents of whole objects that hold lz4 frames and that the
+    ///   previous checkpoint (`lz4_through`) already covered: they have outlived a checkpoint
+    ///   interval, so they are likely to stay, and zstd stores them in about half the bytes.
+    ///
+    /// An extent written again meanwhile is left alone (the write kills its old frame anyway).
     /// Contents never change, so the atomic prefix a crash leaves is unaffected.
-    async fn repack(&self, state: &MetaState, live: &HashSet<u64>) -> Result<(), EngineError> {
-        if live.is_empty() {
-            return Ok(());
-        }
-        let mut extents = state.extents_of_sparse_objects(live, REPACK_LIVE_EXTENTS_MAX);
-        extents.truncate(REPACK_EXTENTS_MAX);
+    async fn repack(
+        &self,
+        state: &MetaState,
+        live: &HashSet<u64>,
+        lz4_through: u64,
+    ) -> Result<(), EngineError> {
+        let mut sparse = state.extents_of_sparse_objects(live, REPACK_LIVE_EXTENTS_MAX);
+        sparse.truncate(REPACK_EXTENTS_MAX);
+        let lz4 = match self.inner.codec {
+            Codec::Zstd => {
+                let sparse_objects: HashSet<u64> = sparse.iter().map(|(_, _, p)| p.seq).collect();
+                whole_objects_up_to(
+                    state
+                        .extents_of_lz4_objects(lz4_through)
+                        .into_iter()
+                        .filter(|(_, _, p)| !sparse_objects.contains(&p.seq)),
+                    RESEAL_EXTENTS_MAX,
+                )
+            }
+            Codec::Lz4 | Codec::None => Vec::new(),
+        };
+        let c = &self.inner.counters;
+        self.move_extents(&sparse, &c.extents_repacked).await?;
+        self.move_extents(&lz4, &c.extents_resealed).await
+    }
+
+    /// Moves `extents` (inode, index, pointer as the checkpoint has it) by flushes of up to
+    /// REPACK_EXTENTS_PER_OBJECT, counting those moved in `moved_count`. Client flushes queued
+    /// behind one wait for a few milliseconds of sealing, not for all of it (and in a `file://`
+    /// bucket each object stays small enough for the journal).
+    async fn move_extents(
+        &self,
+        extents: &[(u64, u64, ExtentPtr)],
+        moved_count: &AtomicU64,
+    ) -> Result<(), EngineError> {
         let unchanged = |st: &State, ino: u64, index: u64, ptr: ExtentPtr| {
             st.committed.extent(ino, index) == Some(ptr)
                 && st
                     .newest_first()
                     .all(|b| !b.extents.contains_key(&(ino, index)))
         };
-        // The plaintext: from the memory tier while it is there (it usually is: the extents
-        // were written since the last checkpoint or so), else fetched.
-        let mut found = Vec::new();
-        let mut missing: BTreeMap<u64, Vec<(u64, ExtentPtr)>> = BTreeMap::new();
-        {
-            let st = self.inner.state.lock();
-            for (ino, index, ptr) in extents {
-                if !unchanged(&st, ino, index, ptr) {
-                    continue;
-                }
-                match st.clean.peek(&(ino, index)) {
-                    Some(data) => found.push((ino, index, ptr, data.clone())),
-                    None => missing.entry(ino).or_default().push((index, ptr)),
+        for chunk in extents.chunks(REPACK_EXTENTS_PER_OBJECT) {
+            // The plaintext: from the memory tier while it is there (it usually is for
+            // extents written since the last checkpoint or so), else fetched.
+            let mut found = Vec::with_capacity(chunk.len());
+            let mut missing: BTreeMap<u64, Vec<(u64, ExtentPtr)>> = BTreeMap::new();
+            {
+                let st = self.inner.state.lock();
+                for &(ino, index, ptr) in chunk {
+                    if !unchanged(&st, ino, index, ptr) {
+                        continue;
+                    }
+                    match st.clean.peek(&(ino, index)) {
+                        Some(data) => found.push((ino, index, ptr, data.clone())),
+                        None => missing.entry(ino).or_default().push((index, ptr)),
+                    }
                 }
             }
-        }
-        for (ino, wanted) in missing {
-            let ptrs: HashMap<u64, ExtentPtr> = wanted.iter().copied().collect();
-            for (index, data) in self.fetch(ino, &wanted).await? {
-                found.push((ino, index, ptrs[&index], data));
+            for (ino, wanted) in missing {
+                let ptrs: HashMap<u64, ExtentPtr> = wanted.iter().copied().collect();
+                for (index, data) in self.fetch(ino, &wanted).await? {
+                    found.push((ino, index, ptrs[&index], data));
+                }
             }
-        }
-        // A flush per REPACK_EXTENTS_PER_OBJECT: client flushes queued behind one wait for a
-        // few milliseconds of sealing, not for all of it (and in a `file://` bucket each object
-        // stays small enough for the journal).
-        for chunk in found.chunks(REPACK_EXTENTS_PER_OBJECT) {
             let moved = {
                 let mut st = self.inner.state.lock();
                 let mut moved = 0;
-                for (ino, index, ptr, data) in chunk {
-                    if unchanged(&st, *ino, *index, *ptr) {
-                        st.pending
-                            .extents
-                            .insert((*ino, *index), Dirty::Data(data.clone()));
+                for (ino, index, ptr, data) in found {
+                    if unchanged(&st, ino, index, ptr) {
+                        st.pending.extents.insert((ino, index), Dirty::Moved(data));
                         moved += 1;
                     }
                 }
@@ -1889,11 +1958,11 @@ impl Engine {
             if moved == 0 {
                 continue;
             }
-            self.inner
-                .counters
-                .extents_repacked
-                .fetch_add(moved, Ordering::Relaxed);
-            tracing::debug!(extents = moved, "repacking");
+            moved_count.fetch_add(moved, Ordering::Relaxed);
+            tracing::debug!(
+                extents = moved,
+                "moving extents out of objects the collector wants dead"
+            );
             self.barrier(Waiting::Engine).await?;
             self.inner
                 .repacked_uncollected
@@ -1927,9 +1996,11 @@ impl Engine {
             write_behind_flushes: c.write_behind_flushes.load(Ordering::Relaxed),
             log_objects_written: c.log_objects_written.load(Ordering::Relaxed),
             log_bytes_written: c.log_bytes_written.load(Ordering::Relaxed),
+            log_bytes_stored: self.inner.log_bytes_stored.load(Ordering::Relaxed),
             checkpoints_written: c.checkpoints_written.load(Ordering::Relaxed),
             log_objects_deleted: c.log_objects_deleted.load(Ordering::Relaxed),
             extents_repacked: c.extents_repacked.load(Ordering::Relaxed),
+            extents_resealed: c.extents_resealed.load(Ordering::Relaxed),
             pending_bytes: st.pending.data_bytes() as u64,
             extents: st.committed.extent_count() as u64,
             memory_cache_extents: st.clean.len() as u64,
@@ -1957,7 +2028,38 @@ fn extent_span(index: u64, offset: u64, length: u64) -> (usize, usize) {
     (start as usize, end as usize)
 }
 
-/// Whether a checkpoint's collection also repacks sparse log objects (`Engine::repack`).
+/// The log objects a checkpoint covers (the candidates for collection), and the sequence
+/// number of the checkpoint before it.
+struct Covered {
+    logs: Vec<u64>,
+    previous_checkpoint_seq: u64,
+}
+
+/// The leading `extents` (sorted by object) of whole objects, as many objects as fit in `max`
+/// extents (but at least one): moving part of an object would not let it die.
+fn whole_objects_up_to(
+    extents: impl Iterator<Item = (u64, u64, ExtentPtr)>,
+    max: usize,
+) -> Vec<(u64, u64, ExtentPtr)> {
+    let mut taken: Vec<(u64, u64, ExtentPtr)> = Vec::new();
+    let mut object_start = 0;
+    for extent in extents {
+        if taken.last().is_some_and(|(_, _, p)| p.seq != extent.2.seq) {
+            if taken.len() >= max {
+                break;
+            }
+            object_start = taken.len();
+        }
+        taken.push(extent);
+    }
+    // The last object taken went past `max`: leave it, unless it is the only one.
+    if taken.len() > max && object_start > 0 {
+        taken.truncate(object_start);
+    }
+    taken
+}
+
+/// Whether a checkpoint's collection also moves extents out of objects (`Engine::repack`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Repack {
     Yes,
@@ -1970,5 +2072,43 @@ struct ClearOnDrop<'a>(&'a AtomicBool);
 impl Drop for ClearOnDrop<'_> {
     fn drop(&mut self) {
         self.0.store(false, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn whole_objects_up_to_takes_whole_objects_and_at_least_one() {
+        // Objects 1, 2 and 3 hold 3, 2 and 4 extents.
+        let extents: Vec<(u64, u64, ExtentPtr)> = [1, 1, 1, 2, 2, 3, 3, 3, 3]
+            .iter()
+            .enumerate()
+            .map(|(i, &seq)| {
+                let ptr = ExtentPtr {
+                    seq,
+                    offset: i as u32,
+                    length: 1,
+                };
+                (7, i as u64, ptr)
+            })
+            .collect();
+        let objects = |max| {
+            let mut seqs: Vec<u64> = whole_objects_up_to(extents.iter().copied(), max)
+                .iter()
+                .map(|(_, _, p)| p.seq)
+                .collect();
+            seqs.dedup();
+            seqs
+        };
+        assert_eq!(objects(1), vec![1], "one object, though larger than max");
+        assert_eq!(objects(3), vec![1]);
+        assert_eq!(objects(4), vec![1]);
+        assert_eq!(objects(5), vec![1, 2]);
+        assert_eq!(objects(8), vec![1, 2]);
+        assert_eq!(objects(9), vec![1, 2, 3]);
+        assert_eq!(objects(100), vec![1, 2, 3]);
+        assert!(whole_objects_up_to(std::iter::empty(), 5).is_empty());
     }
 }

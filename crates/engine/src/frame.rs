@@ -115,7 +115,6 @@ fn estimated_bits_per_byte(counts: &[u16; 256]) -> f32 {
     n.log2() - sum / n + (seen.saturating_sub(1)) as f32 / (2.0 * n * std::f32::consts::LN_2)
 }
 
-/// Appends the frame of one extent to `out`; returns the frame's length.
 /// The most bytes one frame takes: codec byte, nonce, the extent stored raw, tag.
 pub const FRAME_BYTES_MAX: usize = 1 + Sealer::sealed_len(EXTENT_SIZE_BYTES);
 
@@ -158,6 +157,12 @@ pub fn encode(
     };
     out[0] = codec as u8;
     1 + sealer.seal_in_place(&mut out[1..], &aad(ino, index, codec as u8), body_len)
+}
+
+/// The codec a frame was sealed with, as its first byte records it (not authenticated until
+/// the frame is opened).
+pub fn codec(frame: &[u8]) -> Option<Codec> {
+    frame.first().copied().and_then(Codec::from_byte)
 }
 
 pub fn decode(sealer: &Sealer, ino: u64, index: u64, frame: &[u8]) -> Result<Vec<u8>, FrameError> {

@@ -4,7 +4,7 @@
 //! costs). It changes only by applying [`MetaOp`]s, the same ops that log objects carry, so the
 //! state after replaying the log is the state that was committed.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 /// Where one extent's frame is stored: in log object `seq`, at `offset`, `length` bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,6 +32,12 @@ pub enum MetaOp {
         ino: u64,
         index: u64,
     },
+    /// Log object `seq` holds frames sealed with lz4. Comes after the object's `ExtentSet`s;
+    /// the collector re-seals such frames with zstd once they have outlived a checkpoint
+    /// interval (docs/0001, "Re-sealing lz4 frames").
+    HoldsLz4 {
+        seq: u64,
+    },
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -45,6 +51,7 @@ const TAG_KV_PUT: u8 = 1;
 const TAG_KV_DELETE: u8 = 2;
 const TAG_EXTENT_SET: u8 = 3;
 const TAG_EXTENT_CLEAR: u8 = 4;
+const TAG_HOLDS_LZ4: u8 = 5;
 
 pub fn encode_ops(ops: &[MetaOp], out: &mut Vec<u8>) {
     out.extend_from_slice(&(ops.len() as u64).to_le_bytes());
@@ -55,6 +62,9 @@ pub fn encode_ops(ops: &[MetaOp], out: &mut Vec<u8>) {
 
 /// Encoded bytes of an `ExtentSet` op: tag, ino, index, seq, offset, length.
 const EXTENT_SET_BYTES: usize = 1 + 8 + 8 + 8 + 4 + 4;
+
+/// Encoded bytes of a `HoldsLz4` op: tag, seq.
+const HOLDS_LZ4_BYTES: usize = 1 + 8;
 
 fn encode_op(op: &MetaOp, out: &mut Vec<u8>) {
     match op {
@@ -75,6 +85,10 @@ fn encode_op(op: &MetaOp, out: &mut Vec<u8>) {
             out.push(TAG_EXTENT_CLEAR);
             out.extend_from_slice(&ino.to_le_bytes());
             out.extend_from_slice(&index.to_le_bytes());
+        }
+        MetaOp::HoldsLz4 { seq } => {
+            out.push(TAG_HOLDS_LZ4);
+            out.extend_from_slice(&seq.to_le_bytes());
         }
     }
 }
@@ -157,6 +171,7 @@ pub fn decode_ops(buf: &[u8]) -> Result<Vec<MetaOp>, DecodeError> {
                 ino: r.u64()?,
                 index: r.u64()?,
             },
+            TAG_HOLDS_LZ4 => MetaOp::HoldsLz4 { seq: r.u64()? },
             _ => {
                 return Err(DecodeError {
                     at,
@@ -181,6 +196,9 @@ pub struct MetaState {
     kv: BTreeMap<Vec<u8>, Vec<u8>>,
     extents: HashMap<u64, BTreeMap<u64, ExtentPtr>>,
     live_bytes: HashMap<u64, u64>,
+    /// Live log objects that hold lz4 frames (`MetaOp::HoldsLz4`); an object leaves the set
+    /// when its last live extent does.
+    lz4_objects: BTreeSet<u64>,
 }
 
 impl MetaState {
@@ -209,6 +227,13 @@ impl MetaState {
                     }
                 }
             }
+            MetaOp::HoldsLz4 { seq } => {
+                // Only a live object is worth re-sealing (its frames may all have been
+                // overwritten within the very batch that wrote them).
+                if self.live_bytes.contains_key(seq) {
+                    self.lz4_objects.insert(*seq);
+                }
+            }
         }
     }
 
@@ -222,6 +247,7 @@ impl MetaState {
             .expect("live bytes never go below zero");
         if *live == 0 {
             self.live_bytes.remove(&old.seq);
+            self.lz4_objects.remove(&old.seq);
         }
     }
 
@@ -276,6 +302,19 @@ impl MetaState {
             .collect()
     }
 
+    /// The extents stored in log objects up to `through_seq` that hold lz4 frames, oldest
+    /// object first and in object order, as (inode, index, pointer).
+    pub fn extents_of_lz4_objects(&self, through_seq: u64) -> Vec<(u64, u64, ExtentPtr)> {
+        if self.lz4_objects.range(..=through_seq).next().is_none() {
+            return Vec::new();
+        }
+        let mut found: Vec<_> = self
+            .extents_where(|p| p.seq <= through_seq && self.lz4_objects.contains(&p.seq))
+            .collect();
+        found.sort_unstable_by_key(|(_, _, p)| (p.seq, p.offset));
+        found
+    }
+
     pub fn live_bytes(&self, seq: u64) -> u64 {
         self.live_bytes.get(&seq).copied().unwrap_or(0)
     }
@@ -294,8 +333,12 @@ impl MetaState {
             .iter()
             .map(|(k, v)| 1 + 4 + k.len() + 4 + v.len())
             .sum();
-        out.reserve(8 + kv_bytes + extents * EXTENT_SET_BYTES);
-        out.extend_from_slice(&((self.kv.len() + extents) as u64).to_le_bytes());
+        out.reserve(
+            8 + kv_bytes + extents * EXTENT_SET_BYTES + self.lz4_objects.len() * HOLDS_LZ4_BYTES,
+        );
+        out.extend_from_slice(
+            &((self.kv.len() + extents + self.lz4_objects.len()) as u64).to_le_bytes(),
+        );
         for (key, value) in &self.kv {
             encode_kv_put(key, value, out);
         }
@@ -310,6 +353,10 @@ impl MetaState {
                 };
                 encode_op(&op, out);
             }
+        }
+        // After every extent: applying one needs its object live.
+        for seq in &self.lz4_objects {
+            encode_op(&MetaOp::HoldsLz4 { seq: *seq }, out);
         }
     }
 }
@@ -336,6 +383,7 @@ mod tests {
                 },
             },
             MetaOp::ExtentClear { ino: 5, index: 10 },
+            MetaOp::HoldsLz4 { seq: 3 },
         ];
         let mut buf = Vec::new();
         encode_ops(&ops, &mut buf);
@@ -417,5 +465,59 @@ mod tests {
         assert_eq!(rebuilt.kv_get(b"k"), Some(&b"v".to_vec()));
         assert_eq!(rebuilt.extent(1, 0), m.extent(1, 0));
         assert_eq!(rebuilt.live_bytes(2), 5);
+    }
+
+    #[test]
+    fn lz4_objects_follow_their_live_extents_and_survive_a_checkpoint() {
+        let mut m = MetaState::default();
+        let set = |m: &mut MetaState, index, seq| {
+            m.apply(&MetaOp::ExtentSet {
+                ino: 1,
+                index,
+                ptr: ExtentPtr {
+                    seq,
+                    offset: index as u32 * 100,
+                    length: 100,
+                },
+            })
+        };
+        // Objects 1 and 3 hold lz4 frames, object 2 does not.
+        set(&mut m, 0, 1);
+        set(&mut m, 1, 1);
+        m.apply(&MetaOp::HoldsLz4 { seq: 1 });
+        set(&mut m, 2, 2);
+        set(&mut m, 3, 3);
+        m.apply(&MetaOp::HoldsLz4 { seq: 3 });
+        let seqs = |found: Vec<(u64, u64, ExtentPtr)>| {
+            found
+                .iter()
+                .map(|(_, i, p)| (*i, p.seq))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(seqs(m.extents_of_lz4_objects(2)), vec![(0, 1), (1, 1)]);
+        assert_eq!(
+            seqs(m.extents_of_lz4_objects(3)),
+            vec![(0, 1), (1, 1), (3, 3)]
+        );
+        assert!(m.extents_of_lz4_objects(0).is_empty());
+        // A checkpoint keeps what is known of live objects.
+        let mut encoded = Vec::new();
+        m.encode_as_ops(&mut encoded);
+        let mut rebuilt = MetaState::default();
+        for op in decode_ops(&encoded).unwrap() {
+            rebuilt.apply(&op);
+        }
+        assert_eq!(
+            seqs(rebuilt.extents_of_lz4_objects(3)),
+            seqs(m.extents_of_lz4_objects(3))
+        );
+        // Object 3 dies: it is no longer one to re-seal, and a late marker does not revive it.
+        set(&mut m, 3, 4);
+        m.apply(&MetaOp::HoldsLz4 { seq: 3 });
+        assert_eq!(seqs(m.extents_of_lz4_objects(4)), vec![(0, 1), (1, 1)]);
+        // Re-sealing moves object 1's extents out: nothing is left to re-seal.
+        set(&mut m, 0, 5);
+        set(&mut m, 1, 5);
+        assert!(m.extents_of_lz4_objects(5).is_empty());
     }
 }
