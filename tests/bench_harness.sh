@@ -367,6 +367,9 @@ text = open(os.path.join(d, "summary.txt")).read()
 assert re.match(r"scratch: \S+ on /dev/\S+, write cache: (write back|write through)\n", text), text
 assert text.count("B/A TPS over 2 neighbouring pairs: mean") == 2, text
 assert "A nbdkit" in text and "B bucketfs" in text and text.index("rw-sync:") < text.index("ro:"), text
+# The bucket's bytes for the bucketfs side only, after each workload.
+assert "rw-sync: storage B: log written " in text and "ro: storage B: " in text, text
+assert "storage A:" not in text, text
 if traced:
     table = text[text.index("rw-sync: block requests"):]
     for row in ("WRITE round trip", "FLUSH round trip"):
@@ -418,12 +421,12 @@ print("ok - bench/versus --zram --reference nbdkit-file: both sides measured on 
 PY
 }
 # bench/versus between two bucketfs builds (here the same binary twice): each side had its own
-# server, with a TPS and that server's CPU, the summary names the reference's binary, and both
-# servers are gone afterwards.
+# server, with a TPS and that server's CPU, the summary names the reference's binary and the bytes
+# each one's log wrote and stores, and both servers are gone afterwards.
 run_versus_builds() {
     versus_run versus-builds --reference "bucketfs:$BUCKETFS" --workloads rw-async --slices 2 --duration 3 --scale 1 --clients 4
     python3 - "$TEST_DIR/versus-builds" "$BUCKETFS" <<'PY' || die "bench/versus --reference bucketfs:BINARY: results incomplete"
-import csv, os, sys
+import csv, os, re, sys
 d, binary = sys.argv[1], os.path.realpath(sys.argv[2])
 rows = list(csv.DictReader(open(os.path.join(d, "slices-rw-async.tsv")), delimiter="\t"))
 assert [r["side"] for r in rows] == ["A", "B"], rows
@@ -431,7 +434,11 @@ assert all(float(r["tps"]) > 0 and float(r["server_cpu_us_per_tx"]) > 0 for r in
 text = open(os.path.join(d, "summary.txt")).read()
 assert f"A bucketfs:{binary}" in text and "B bucketfs" in text, text
 assert "B/A TPS over 1 neighbouring pairs: mean" in text, text
-print("ok - bench/versus --reference bucketfs:BINARY: two servers side by side, both measured")
+for side in "AB":
+    m = re.search(r"^rw-async: storage %s: log written ([\d.]+) MB, stored ([\d.]+) MB; "
+                  r"flushes \d+ \(lz4 \d+\); extents repacked \d+, re-sealed \d+$" % side, text, re.M)
+    assert m and float(m.group(1)) > 0 and float(m.group(2)) > 0, text
+print("ok - bench/versus --reference bucketfs:BINARY: two servers side by side, both measured, their buckets' bytes")
 PY
     ! pgrep -f "run -c .*/bucketfs-versus\.[^/]*/[AB]/bucket/bucketfs\.toml" >/dev/null ||
         die "a bucketfs server outlived bench/versus: $(pgrep -af 'bucketfs-versus\.')"

@@ -1613,11 +1613,14 @@ impl Engine {
             }
             for ((ino, index), d) in &batch.extents {
                 match d {
-                    Dirty::Data(buf) | Dirty::Moved(buf) => {
+                    Dirty::Data(buf) => {
                         if let Some((_, old)) = st.clean.push((*ino, *index), buf.clone()) {
                             evicted.push(old);
                         }
                     }
+                    // Unchanged contents: what the memory tier holds of it is still right, and
+                    // leaving it out keeps the collector's cold extents from evicting hot ones.
+                    Dirty::Moved(_) => {}
                     Dirty::Hole => {
                         st.clean.pop(&(*ino, *index));
                     }
