@@ -1901,6 +1901,12 @@ impl Engine {
             }
             Codec::Lz4 | Codec::None => Vec::new(),
         };
+        tracing::debug!(
+            sparse = sparse.len(),
+            lz4 = lz4.len(),
+            lz4_through,
+            "moving extents out of covered log objects"
+        );
         let c = &self.inner.counters;
         self.move_extents(&sparse, &c.extents_repacked).await?;
         self.move_extents(&lz4, &c.extents_resealed).await
