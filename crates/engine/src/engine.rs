@@ -45,6 +45,9 @@ pub struct EngineOptions {
     /// A checkpoint is written after this long without a commit, when enough log objects
     /// await one (limits.rs, QUIET_CHECKPOINT_AFTER_MS); `None`: only the regular ones.
     pub quiet_checkpoint_after: Option<Duration>,
+    /// lz4 frames are re-sealed with zstd once a checkpoint at least this old covers them
+    /// (limits.rs, RESEAL_AFTER_S).
+    pub reseal_after: Duration,
 }
 
 impl EngineOptions {
@@ -58,6 +61,7 @@ impl EngineOptions {
             disk_cache_bytes_max: 0,
             read_only: false,
             quiet_checkpoint_after: None,
+            reseal_after: Duration::ZERO,
         }
     }
 }
@@ -252,6 +256,9 @@ struct SealCtl {
 
 struct UploadCtl {
     checkpoint_seq: u64,
+    /// Checkpoints of this process (the one it opened first) and when they were begun, oldest
+    /// first; only the newest older than `reseal_after` and those after it are kept.
+    checkpoints_begun: VecDeque<(u64, std::time::Instant)>,
     log_bytes_since_checkpoint: u64,
     /// Log objects in the bucket and their sizes in bytes (for the garbage collector, and
     /// `Inner::log_bytes_stored`).
@@ -308,6 +315,7 @@ struct Inner {
     bucket: SharedBucket,
     sealer: Arc<Sealer>,
     codec: Codec,
+    reseal_after: Duration,
     read_only: bool,
     state: Mutex<State>,
     seal: tokio::sync::Mutex<SealCtl>,
@@ -576,6 +584,7 @@ impl Engine {
                 bucket,
                 sealer,
                 codec: opts.codec,
+                reseal_after: opts.reseal_after,
                 read_only: opts.read_only,
                 state: Mutex::new(State {
                     write_gen: 0,
@@ -592,6 +601,10 @@ impl Engine {
                 }),
                 upload: tokio::sync::Mutex::new(UploadCtl {
                     checkpoint_seq,
+                    checkpoints_begun: VecDeque::from([(
+                        checkpoint_seq,
+                        std::time::Instant::now(),
+                    )]),
                     log_bytes_since_checkpoint: 0,
                     known_logs,
                 }),
@@ -1561,7 +1574,7 @@ impl Engine {
                 .collect()
         };
         let mut at = LOG_HEADER_BYTES;
-        let mut holds_lz4 = false;
+        let mut lz4_frames = 0;
         for (i, (part_lens, part)) in lens.iter().zip(data.chunks(chunk)).enumerate() {
             let from = LOG_HEADER_BYTES + i * stretch;
             let used: usize = part_lens.iter().sum();
@@ -1569,7 +1582,7 @@ impl Engine {
                 room.copy_within(from..from + used, at);
             }
             for (&n, (ino, index, _, _)) in part_lens.iter().zip(part) {
-                holds_lz4 |= frame::codec(&room[at..at + n]) == Some(Codec::Lz4);
+                lz4_frames += usize::from(frame::codec(&room[at..at + n]) == Some(Codec::Lz4));
                 let ptr = ExtentPtr {
                     seq,
                     offset: u32::try_from(at).expect("log objects stay below 4 GiB"),
@@ -1583,7 +1596,11 @@ impl Engine {
                 at += n;
             }
         }
-        if holds_lz4 {
+        // Marked for re-sealing when mostly lz4. An object of extents the collector moved
+        // (sealed with zstd) that a client's write-behind swept up with a few lz4 frames of
+        // its own is not: re-sealing it would move the same extents again every interval
+        // (docs/0001, "Re-sealing lz4 frames").
+        if lz4_frames * 2 > data.len() {
             // After the extents it is about: applying it needs the object live.
             ops.push(MetaOp::HoldsLz4 { seq });
         }
@@ -1685,11 +1702,25 @@ impl Engine {
         self.inner
             .repacked_uncollected
             .store(false, Ordering::Release);
-        let previous_checkpoint_seq = std::mem::replace(&mut ctl.checkpoint_seq, seq);
+        ctl.checkpoint_seq = seq;
         ctl.log_bytes_since_checkpoint = 0;
+        // The newest earlier checkpoint begun at least `reseal_after` ago: what it covered has
+        // been live that long. Under fsync-heavy load checkpoints come every few seconds, so
+        // their count says nothing of age.
+        let now = std::time::Instant::now();
+        let old_enough =
+            |at: &std::time::Instant| now.duration_since(*at) >= self.inner.reseal_after;
+        while ctl.checkpoints_begun.len() > 1 && old_enough(&ctl.checkpoints_begun[1].1) {
+            ctl.checkpoints_begun.pop_front();
+        }
+        let reseal_through = match ctl.checkpoints_begun.front() {
+            Some((s, at)) if old_enough(at) => *s,
+            _ => 0,
+        };
+        ctl.checkpoints_begun.push_back((seq, now));
         Covered {
             logs: ctl.known_logs.range(..=seq).map(|(s, _)| *s).collect(),
-            previous_checkpoint_seq,
+            reseal_through,
         }
     }
 
@@ -1858,11 +1889,7 @@ impl Engine {
             return Ok(());
         }
         if let Err(e) = self
-            .repack(
-                &state,
-                &live.into_iter().collect(),
-                covered.previous_checkpoint_seq,
-            )
+            .repack(&state, &live.into_iter().collect(), covered.reseal_through)
             .await
         {
             tracing::warn!(seq, error = %e, "moving extents out of log objects failed; they stay until a later checkpoint tries again");
@@ -1875,8 +1902,9 @@ impl Engine {
     /// - the extents of those `live` objects that hold only a few (REPACK_LIVE_EXTENTS_MAX):
     ///   a few extents that are never overwritten would otherwise keep each object alive;
     /// - with zstd configured, the extents of whole objects that hold lz4 frames and that the
-    ///   previous checkpoint (`lz4_through`) already covered: they have outlived a checkpoint
-    ///   interval, so they are likely to stay, and zstd stores them in about half the bytes.
+    ///   checkpoint at `lz4_through` covered, begun at least `reseal_after` ago: they have been
+    ///   live that long, so they are likely to stay, and zstd stores them in about half the
+    ///   bytes.
     ///
     /// An extent written again meanwhile is left alone (the write kills its old frame anyway).
     /// Contents never change, so the atomic prefix a crash leaves is unaffected.
@@ -1888,17 +1916,15 @@ impl Engine {
     ) -> Result<(), EngineError> {
         let mut sparse = state.extents_of_sparse_objects(live, REPACK_LIVE_EXTENTS_MAX);
         sparse.truncate(REPACK_EXTENTS_MAX);
+        // Sparse objects are repacking's, within its own budget: under fsync-heavy load they
+        // are many, and re-sealing is for the dense ones.
         let lz4 = match self.inner.codec {
-            Codec::Zstd => {
-                let sparse_objects: HashSet<u64> = sparse.iter().map(|(_, _, p)| p.seq).collect();
-                whole_objects_up_to(
-                    state
-                        .extents_of_lz4_objects(lz4_through)
-                        .into_iter()
-                        .filter(|(_, _, p)| !sparse_objects.contains(&p.seq)),
-                    RESEAL_EXTENTS_MAX,
-                )
-            }
+            Codec::Zstd => whole_objects_up_to(
+                state
+                    .extents_of_lz4_objects(lz4_through, REPACK_LIVE_EXTENTS_MAX)
+                    .into_iter(),
+                RESEAL_EXTENTS_MAX,
+            ),
             Codec::Lz4 | Codec::None => Vec::new(),
         };
         tracing::debug!(
@@ -2037,11 +2063,11 @@ fn extent_span(index: u64, offset: u64, length: u64) -> (usize, usize) {
     (start as usize, end as usize)
 }
 
-/// The log objects a checkpoint covers (the candidates for collection), and the sequence
-/// number of the checkpoint before it.
+/// The log objects a checkpoint covers (the candidates for collection), and those old enough
+/// to re-seal (up to `reseal_through`).
 struct Covered {
     logs: Vec<u64>,
-    previous_checkpoint_seq: u64,
+    reseal_through: u64,
 }
 
 /// The leading `extents` (sorted by object) of whole objects, as many objects as fit in `max`

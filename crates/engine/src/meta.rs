@@ -302,15 +302,25 @@ impl MetaState {
             .collect()
     }
 
-    /// The extents stored in log objects up to `through_seq` that hold lz4 frames, oldest
-    /// object first and in object order, as (inode, index, pointer).
-    pub fn extents_of_lz4_objects(&self, through_seq: u64) -> Vec<(u64, u64, ExtentPtr)> {
+    /// The extents stored in log objects up to `through_seq` that hold lz4 frames and more
+    /// than `more_than` live extents, oldest object first and in object order, as (inode,
+    /// index, pointer).
+    pub fn extents_of_lz4_objects(
+        &self,
+        through_seq: u64,
+        more_than: usize,
+    ) -> Vec<(u64, u64, ExtentPtr)> {
         if self.lz4_objects.range(..=through_seq).next().is_none() {
             return Vec::new();
         }
         let mut found: Vec<_> = self
             .extents_where(|p| p.seq <= through_seq && self.lz4_objects.contains(&p.seq))
             .collect();
+        let mut counts: HashMap<u64, usize> = HashMap::new();
+        for (_, _, p) in &found {
+            *counts.entry(p.seq).or_default() += 1;
+        }
+        found.retain(|(_, _, p)| counts[&p.seq] > more_than);
         found.sort_unstable_by_key(|(_, _, p)| (p.seq, p.offset));
         found
     }
@@ -494,12 +504,15 @@ mod tests {
                 .map(|(_, i, p)| (*i, p.seq))
                 .collect::<Vec<_>>()
         };
-        assert_eq!(seqs(m.extents_of_lz4_objects(2)), vec![(0, 1), (1, 1)]);
+        assert_eq!(seqs(m.extents_of_lz4_objects(2, 0)), vec![(0, 1), (1, 1)]);
         assert_eq!(
-            seqs(m.extents_of_lz4_objects(3)),
+            seqs(m.extents_of_lz4_objects(3, 0)),
             vec![(0, 1), (1, 1), (3, 3)]
         );
-        assert!(m.extents_of_lz4_objects(0).is_empty());
+        assert!(m.extents_of_lz4_objects(0, 0).is_empty());
+        // Only objects with more than so many live extents (the others are repacking's).
+        assert_eq!(seqs(m.extents_of_lz4_objects(3, 1)), vec![(0, 1), (1, 1)]);
+        assert!(m.extents_of_lz4_objects(3, 2).is_empty());
         // A checkpoint keeps what is known of live objects.
         let mut encoded = Vec::new();
         m.encode_as_ops(&mut encoded);
@@ -508,16 +521,16 @@ mod tests {
             rebuilt.apply(&op);
         }
         assert_eq!(
-            seqs(rebuilt.extents_of_lz4_objects(3)),
-            seqs(m.extents_of_lz4_objects(3))
+            seqs(rebuilt.extents_of_lz4_objects(3, 0)),
+            seqs(m.extents_of_lz4_objects(3, 0))
         );
         // Object 3 dies: it is no longer one to re-seal, and a late marker does not revive it.
         set(&mut m, 3, 4);
         m.apply(&MetaOp::HoldsLz4 { seq: 3 });
-        assert_eq!(seqs(m.extents_of_lz4_objects(4)), vec![(0, 1), (1, 1)]);
+        assert_eq!(seqs(m.extents_of_lz4_objects(4, 0)), vec![(0, 1), (1, 1)]);
         // Re-sealing moves object 1's extents out: nothing is left to re-seal.
         set(&mut m, 0, 5);
         set(&mut m, 1, 5);
-        assert!(m.extents_of_lz4_objects(5).is_empty());
+        assert!(m.extents_of_lz4_objects(5, 0).is_empty());
     }
 }

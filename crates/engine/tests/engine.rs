@@ -706,6 +706,35 @@ async fn lz4_frames_that_outlive_a_checkpoint_interval_are_resealed_with_zstd() 
     assert_eq!(e.stats().extents_resealed, 0, "{:?}", e.stats());
 }
 
+/// Re-sealing waits for `reseal_after`: lz4 frames covered by checkpoints younger than that
+/// stay as they are, however many checkpoints pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lz4_frames_younger_than_reseal_after_are_left_alone() {
+    let w = world();
+    let mut opts = EngineOptions::for_tests("pw");
+    opts.reseal_after = std::time::Duration::from_secs(3600);
+    let e = Engine::open(w.bucket.clone(), opts).await.unwrap();
+    for i in 0..16u64 {
+        e.write(2, i * 4096, 4096, Fill::Data(&pattern(i as u8, 4096)))
+            .await
+            .unwrap();
+        e.flush().await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let len = 24 * EXTENT_SIZE_BYTES;
+    let lz4_before = e.stats().flushes_lz4;
+    e.write(3, 0, len as u64, Fill::Data(&pattern(7, len)))
+        .await
+        .unwrap();
+    e.flush().await.unwrap();
+    assert_eq!(e.stats().flushes_lz4, lz4_before + 1);
+    for _ in 0..3 {
+        flush_past_a_checkpoint(&e, 3).await;
+    }
+    assert_eq!(e.stats().extents_resealed, 0, "{:?}", e.stats());
+    assert!(e.read(3, 0, len).await.unwrap() == pattern(7, len));
+}
+
 #[derive(Debug, Clone)]
 enum Op {
     Write {
