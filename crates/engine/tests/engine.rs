@@ -619,7 +619,8 @@ async fn log_objects_kept_alive_by_a_few_extents_are_repacked_then_deleted() {
 }
 
 /// Frames sealed with lz4 (what a client waited on) that outlive a checkpoint interval are
-/// re-sealed with zstd, whole objects at a time, so their objects die and are deleted; the
+/// re-sealed with zstd (`EngineOptions::for_tests` sets `reseal_after` to zero, so one interval
+/// is old enough), whole objects at a time, so their objects die and are deleted; the
 /// objects are known as lz4 across a restart (the checkpoint says so), and frames re-sealed once
 /// are not moved again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
