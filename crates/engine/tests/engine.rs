@@ -40,6 +40,32 @@ fn pattern(seed: u8, len: usize) -> Vec<u8> {
         .collect()
 }
 
+/// Barriers every 20 ms, each after a one-page write of inode 2: the cadence at which a
+/// client's barrier seals with lz4.
+async fn steady_barriers(e: &Engine) {
+    for i in 0..16u64 {
+        e.write(2, i * 4096, 4096, Fill::Data(&pattern(i as u8, 4096)))
+            .await
+            .unwrap();
+        e.flush().await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits up to 10 s for the collector to delete the log objects `keys`; returns those still
+/// stored.
+async fn wait_until_deleted(w: &World, mut keys: Vec<String>) -> Vec<String> {
+    for _ in 0..200 {
+        let now = log_keys(w).await;
+        keys.retain(|k| now.contains(k));
+        if keys.is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    keys
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_read_back_at_odd_offsets_and_holes_read_zero() {
     let w = world();
@@ -218,13 +244,7 @@ async fn lz4_seals_what_a_client_waits_on_at_a_steady_cadence_and_zstd_the_rest(
     assert_eq!(counts(&e), (1, 0), "a rare barrier seals with zstd");
 
     // Barriers every 20 ms, each after a one-page write (a small batch: lz4 anyway).
-    for i in 0..16u64 {
-        e.write(2, i * 4096, 4096, Fill::Data(&pattern(i as u8, 4096)))
-            .await
-            .unwrap();
-        e.flush().await.unwrap();
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    steady_barriers(&e).await;
     let (flushes, lz4) = counts(&e);
     e.write(1, 1 << 20, len, Fill::Data(&batch(2)))
         .await
@@ -597,15 +617,7 @@ async fn log_objects_kept_alive_by_a_few_extents_are_repacked_then_deleted() {
     // one, the second deletes them.
     flush_past_a_checkpoint(&e, 3).await;
     flush_past_a_checkpoint(&e, 3).await;
-    let mut left = kept_objects;
-    for _ in 0..200 {
-        let now = log_keys(&w).await;
-        left.retain(|k| now.contains(k));
-        if left.is_empty() {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    let left = wait_until_deleted(&w, kept_objects).await;
     let stats = e.stats();
     assert!(stats.extents_repacked >= kept, "{stats:?}");
     assert!(left.is_empty(), "{} kept alive: {stats:?}", left.len());
@@ -628,13 +640,7 @@ async fn lz4_frames_that_outlive_a_checkpoint_interval_are_resealed_with_zstd() 
     let w = world();
     let e = open(&w).await;
     // Barriers every 20 ms (one-page writes), so that a client's barrier seals with lz4.
-    for i in 0..16u64 {
-        e.write(2, i * 4096, 4096, Fill::Data(&pattern(i as u8, 4096)))
-            .await
-            .unwrap();
-        e.flush().await.unwrap();
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    steady_barriers(&e).await;
     // Three objects of 24 extents each: too many live extents to count as sparse.
     let objects = 3u64;
     let per_object = 24 * EXTENT_SIZE_BYTES;
@@ -680,15 +686,7 @@ async fn lz4_frames_that_outlive_a_checkpoint_interval_are_resealed_with_zstd() 
     assert_eq!(e.stats().extents_resealed, resealed, "{:?}", e.stats());
     // ...and the one after deletes the objects they left.
     flush_past_a_checkpoint(&e, 3).await;
-    let mut left = lz4_objects.clone();
-    for _ in 0..200 {
-        let now = log_keys(&w).await;
-        left.retain(|k| now.contains(k));
-        if left.is_empty() {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    let left = wait_until_deleted(&w, lz4_objects).await;
     assert!(left.is_empty(), "{left:?} still stored: {:?}", e.stats());
 
     // A crash loses nothing; two more checkpoints (the first covers the re-sealed frames and
@@ -715,13 +713,7 @@ async fn lz4_frames_younger_than_reseal_after_are_left_alone() {
     let mut opts = EngineOptions::for_tests("pw");
     opts.reseal_after = std::time::Duration::from_secs(3600);
     let e = Engine::open(w.bucket.clone(), opts).await.unwrap();
-    for i in 0..16u64 {
-        e.write(2, i * 4096, 4096, Fill::Data(&pattern(i as u8, 4096)))
-            .await
-            .unwrap();
-        e.flush().await.unwrap();
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    steady_barriers(&e).await;
     let len = 24 * EXTENT_SIZE_BYTES;
     let lz4_before = e.stats().flushes_lz4;
     e.write(3, 0, len as u64, Fill::Data(&pattern(7, len)))
