@@ -290,6 +290,9 @@ pub struct EngineStats {
     /// Extents moved out of objects that hold lz4 frames, to be sealed with zstd
     /// (`Engine::repack`).
     pub extents_resealed: u64,
+    /// Live bytes of the log objects that hold lz4 frames (`MetaState::live_bytes_in_lz4_objects`):
+    /// what re-sealing has yet to reach, at most.
+    pub live_bytes_in_lz4_objects: u64,
     pub pending_bytes: u64,
     pub extents: u64,
     pub memory_cache_extents: u64,
@@ -2036,6 +2039,7 @@ impl Engine {
             log_objects_deleted: c.log_objects_deleted.load(Ordering::Relaxed),
             extents_repacked: c.extents_repacked.load(Ordering::Relaxed),
             extents_resealed: c.extents_resealed.load(Ordering::Relaxed),
+            live_bytes_in_lz4_objects: st.committed.live_bytes_in_lz4_objects(),
             pending_bytes: st.pending.data_bytes() as u64,
             extents: st.committed.extent_count() as u64,
             memory_cache_extents: st.clean.len() as u64,

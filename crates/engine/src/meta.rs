@@ -329,6 +329,15 @@ impl MetaState {
         self.live_bytes.get(&seq).copied().unwrap_or(0)
     }
 
+    /// The live bytes (stored, compressed) of the log objects that hold lz4 frames: an upper
+    /// bound on what is still stored in lz4, as those objects may also hold zstd frames.
+    pub fn live_bytes_in_lz4_objects(&self) -> u64 {
+        self.lz4_objects
+            .iter()
+            .map(|seq| self.live_bytes(*seq))
+            .sum()
+    }
+
     pub fn extent_count(&self) -> usize {
         self.extents.values().map(|m| m.len()).sum()
     }
@@ -510,6 +519,7 @@ mod tests {
             vec![(0, 1), (1, 1), (3, 3)]
         );
         assert!(m.extents_of_lz4_objects(0, 0).is_empty());
+        assert_eq!(m.live_bytes_in_lz4_objects(), 300);
         // Only objects with more than so many live extents (the others are repacking's).
         assert_eq!(seqs(m.extents_of_lz4_objects(3, 1)), vec![(0, 1), (1, 1)]);
         assert!(m.extents_of_lz4_objects(3, 2).is_empty());
@@ -528,9 +538,11 @@ mod tests {
         set(&mut m, 3, 4);
         m.apply(&MetaOp::HoldsLz4 { seq: 3 });
         assert_eq!(seqs(m.extents_of_lz4_objects(4, 0)), vec![(0, 1), (1, 1)]);
+        assert_eq!(m.live_bytes_in_lz4_objects(), 200);
         // Re-sealing moves object 1's extents out: nothing is left to re-seal.
         set(&mut m, 0, 5);
         set(&mut m, 1, 5);
         assert!(m.extents_of_lz4_objects(5, 0).is_empty());
+        assert_eq!(m.live_bytes_in_lz4_objects(), 0);
     }
 }

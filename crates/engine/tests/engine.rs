@@ -672,6 +672,8 @@ async fn lz4_frames_that_outlive_a_checkpoint_interval_are_resealed_with_zstd() 
     );
     drop(e);
     let e = open(&w).await;
+    let in_lz4 = e.stats().live_bytes_in_lz4_objects;
+    assert!(in_lz4 > 0, "the checkpoint names the lz4 objects");
 
     // The next checkpoint finds them a whole interval old: their extents are re-sealed
     // (fetched from the bucket: the memory tier is empty after the restart)...
@@ -688,6 +690,12 @@ async fn lz4_frames_that_outlive_a_checkpoint_interval_are_resealed_with_zstd() 
     flush_past_a_checkpoint(&e, 3).await;
     let left = wait_until_deleted(&w, lz4_objects).await;
     assert!(left.is_empty(), "{left:?} still stored: {:?}", e.stats());
+    // (What stays in lz4 is the last few one-page flushes' frames.)
+    let stats = e.stats();
+    assert!(
+        stats.live_bytes_in_lz4_objects < in_lz4 / 4,
+        "{in_lz4} bytes in lz4 objects before: {stats:?}"
+    );
 
     // A crash loses nothing; two more checkpoints (the first covers the re-sealed frames and
     // has finished collecting once the second is written) move none of them again.
