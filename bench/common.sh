@@ -49,6 +49,20 @@ print(json.dumps({"server_s": process_s(sys.argv[1]), "nbdfuse_s": process_s(sys
 PY
 }
 
+# PostgreSQL's own counters on the cluster the PG_* variables name, as one JSON object: WAL
+# written (bytes, full-page images, syncs, writes forced by full WAL buffers), blocks read from
+# the kernel, buffers backends had to write themselves, and pgbench_accounts' dead tuples and
+# size (heap and indexes). Where a workload's time goes when the NBD server does no work.
+pg_counters() {
+    pg_psql -c "SELECT json_build_object(
+        'wal_bytes', w.wal_bytes, 'wal_fpi', w.wal_fpi, 'wal_sync', w.wal_sync,
+        'wal_buffers_full', w.wal_buffers_full, 'blks_read', d.blks_read,
+        'buffers_backend', b.buffers_backend, 'dead_tuples', t.n_dead_tup,
+        'accounts_bytes', pg_total_relation_size('pgbench_accounts'))
+        FROM pg_stat_wal w, pg_stat_bgwriter b, pg_stat_database d, pg_stat_user_tables t
+        WHERE d.datname = current_database() AND t.relname = 'pgbench_accounts'"
+}
+
 # One slice of a workload on the cluster the PG_* variables name: bench_pg_prepare, then pgbench
 # (prepared statements) with the CPU counters read around it. Prints
 # "TPS<TAB>server CPU µs per transaction<TAB>machine busy share" (the CPU empty without a PID).

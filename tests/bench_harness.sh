@@ -345,8 +345,8 @@ PY
 }
 
 # bench/versus, nbdkit against bucketfs, two workloads of 4 short slices: both stacks were up at
-# once (the slices alternate without a restart), every slice has a TPS and the server's CPU, and
-# the summary has both workloads with their ratios.
+# once (the slices alternate without a restart), every slice has a TPS, the server's CPU and
+# PostgreSQL's counters, and the summary has both workloads with their ratios.
 # With perf (scripts/setup installs it where the distribution has it) the run also traces the
 # block layer (--block-trace), and rw-sync's summary must show WRITEs and FLUSHes on both sides.
 run_versus() {
@@ -363,6 +363,12 @@ for workload in ("rw-sync", "ro"):
         assert float(r["tps"]) > 0 and 0 < float(r["machine_busy"]) <= 1, r
         # rw-sync reaches both servers; read-only may be served from PostgreSQL's buffers alone.
         assert r["server_cpu_us_per_tx"] != "" and (workload == "ro" or float(r["server_cpu_us_per_tx"]) > 0), r
+    # PostgreSQL's own counters per slice: rw-sync writes WAL and syncs it on every commit.
+    pg = list(csv.DictReader(open(os.path.join(d, "postgres-%s.tsv" % workload)), delimiter="\t"))
+    assert [(r["slice"], r["side"]) for r in pg] == [(r["slice"], r["side"]) for r in rows], pg
+    for r in pg:
+        assert float(r["accounts_mb_at_start"]) > 0 and int(r["dead_tuples_at_start"]) >= 0, r
+        assert workload == "ro" or (float(r["wal_mb"]) > 0 and int(r["wal_sync"]) > 0), r
 text = open(os.path.join(d, "summary.txt")).read()
 assert re.match(r"scratch: \S+ on /dev/\S+, write cache: (write back|write through)\n", text), text
 assert text.count("B/A TPS over 2 neighbouring pairs: mean") == 2, text
@@ -370,6 +376,7 @@ assert "A nbdkit" in text and "B bucketfs" in text and text.index("rw-sync:") < 
 # The bucket's bytes for the bucketfs side only, after each workload.
 assert "rw-sync: storage B: log written " in text and "ro: storage B: " in text, text
 assert "storage A:" not in text, text
+assert text.count(": PostgreSQL per slice, medians") == 2 and "  B wal_mb " in text, text
 if traced:
     table = text[text.index("rw-sync: block requests"):]
     for row in ("WRITE round trip", "FLUSH round trip"):
