@@ -4,9 +4,11 @@
     bench/slices.py SLICES_TSV WORKLOAD DURATION_S LABEL_A LABEL_B
 
 SLICES_TSV has the columns slice, side (A or B), tps, server_cpu_us_per_tx (empty where there is
-no server process, e.g. a local disk) and machine_busy, one row per slice in the order they ran
-(A B B A ...). Printed per side: TPS median and mean, server CPU per transaction, every slice's
-TPS; then the ratios B/A of neighbouring slices (1-2, 3-4, ...): their mean, median and range.
+no server process, e.g. a local disk), machine_busy, postgres_cpu_us_per_tx (PostgreSQL's
+backends) and steal (the share of the machine the hypervisor took), one row per slice in the
+order they ran (A B B A ...). Printed per side: TPS median and mean, server and PostgreSQL CPU
+per transaction, the mean steal, every slice's TPS; then the ratios B/A of neighbouring slices
+(1-2, 3-4, ...): their mean, median and range.
 """
 import csv
 import statistics
@@ -29,11 +31,15 @@ def main():
         if cpu:
             line += "; server CPU per transaction median %.1f us, mean %.1f us" % (
                 statistics.median(cpu), statistics.mean(cpu))
+        line += "\n  PostgreSQL CPU per transaction median %.1f us; hypervisor steal mean %.1f %%" % (
+            statistics.median(float(r["postgres_cpu_us_per_tx"]) for r in mine),
+            100 * statistics.mean(float(r["steal"]) for r in mine))
         print("%s %s\n%s" % (side, label, line))
         print("  TPS per slice: %s" % " ".join("%.0f" % t for t in tps))
     # Slices 1-2, 3-4, ... are neighbours in time, one of each side.
     pairs = [{r["side"]: r for r in rows[k:k + 2]} for k in range(0, len(rows) - 1, 2)]
-    for field, what in (("tps", "TPS"), ("server_cpu_us_per_tx", "server CPU per transaction")):
+    for field, what in (("tps", "TPS"), ("server_cpu_us_per_tx", "server CPU per transaction"),
+                        ("postgres_cpu_us_per_tx", "PostgreSQL CPU per transaction")):
         ratios = []
         for p in pairs:
             a, b = number(p["A"][field]), number(p["B"][field])

@@ -337,6 +337,7 @@ rows = list(csv.DictReader(open(os.path.join(d, "slices.tsv")), delimiter="\t"))
 assert [r["side"] for r in rows] == ["A", "B", "B", "A"], rows
 for r in rows:
     assert float(r["tps"]) > 0 and float(r["server_cpu_us_per_tx"]) > 0 and 0 < float(r["machine_busy"]) <= 1, r
+    assert float(r["postgres_cpu_us_per_tx"]) > 0 and 0 <= float(r["steal"]) < 1, r
 text = open(os.path.join(d, "summary.txt")).read()
 assert "B/A TPS over 2 neighbouring pairs: mean" in text and "B/A server CPU per transaction over 2" in text, text
 print("ok - bench/ab: 4 slices in A B B A order, TPS, CPU and the pair ratios")
@@ -361,6 +362,7 @@ for workload in ("rw-sync", "ro"):
     assert [r["side"] for r in rows] == ["A", "B", "B", "A"], rows
     for r in rows:
         assert float(r["tps"]) > 0 and 0 < float(r["machine_busy"]) <= 1, r
+        assert float(r["postgres_cpu_us_per_tx"]) > 0 and 0 <= float(r["steal"]) < 1, r
         # rw-sync reaches both servers; read-only may be served from PostgreSQL's buffers alone.
         assert r["server_cpu_us_per_tx"] != "" and (workload == "ro" or float(r["server_cpu_us_per_tx"]) > 0), r
     # PostgreSQL's own counters per slice: rw-sync writes WAL and syncs it on every commit.
