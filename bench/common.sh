@@ -87,7 +87,7 @@ bench_slice() {
     local pid=$1 sync=$2 duration=$3 clients=$4 before after out children pg_before pg_after
     shift 4
     bench_pg_prepare
-    # A caller may observe pgbench's run alone (bench/versus --block-trace).
+    # A caller may observe pgbench's run alone (bench/versus: PostgreSQL's counters, perf).
     if declare -F bench_slice_observe_start >/dev/null; then bench_slice_observe_start "$duration"; fi
     children=$(pgrep -c -P "$PG_POSTMASTER_PID" || true)
     pg_before=$(postgres_exited_cpu_s "$PG_POSTMASTER_PID")
