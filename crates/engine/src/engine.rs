@@ -1534,7 +1534,9 @@ impl Engine {
             }
         }
         data.sort_unstable_by_key(|(ino, index, _, _)| (*ino, *index));
-        let threads = cpu_count().min(data.len().div_ceil(8)).max(1);
+        let threads = cpu_count()
+            .min(data.len().div_ceil(PARALLEL_SEAL_EXTENTS_MIN))
+            .max(1);
         let chunk = data.len().div_ceil(threads).max(1);
         let sealer = &self.inner.sealer;
         // Each part is sealed into its own stretch of the object buffer, sized for frames that
@@ -1557,11 +1559,12 @@ impl Engine {
                 .collect::<Vec<usize>>()
         };
         let stretches = &mut room[LOG_HEADER_BYTES..];
-        // Small batches (the fsync-heavy case) are sealed right here: handing them over costs
-        // more. Larger ones on rayon's threads, which live as long as the process: a thread
-        // started per batch would set up its zstd contexts and random generator afresh, in
-        // freshly faulted memory (2 % of bucketfs's CPU under pgbench rw-sync, where repacked
-        // objects are such batches; perf).
+        // Batches of up to a few hundred extents (the fsync-heavy case, PostgreSQL's WAL bursts,
+        // repacks) are sealed by this thread alone: splitting them costs more than it saves
+        // (PARALLEL_SEAL_EXTENTS_MIN). Larger ones on rayon's threads, which live as long as
+        // the process: a thread started per batch would set up its zstd contexts and random
+        // generator afresh, in freshly faulted memory (2 % of bucketfs's CPU under pgbench
+        // rw-sync, where repacked objects were such batches; perf).
         let lens: Vec<Vec<usize>> = if threads == 1 {
             stretches
                 .chunks_mut(stretch)

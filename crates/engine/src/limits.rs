@@ -44,6 +44,16 @@ pub const EXTENT_BUFFERS_KEPT: usize = 4096;
 /// blocking thread (about 10 microseconds per extent, below the cost of the thread hop).
 pub const INLINE_SEAL_EXTENTS_MAX: usize = 16;
 
+/// A batch is split between threads for sealing only when each thread gets at least this many
+/// extents (1 MiB). Under pgbench with `synchronous_commit = off` the WAL writer's bursts are
+/// batches of ~100 extents, ~1 ms of lz4 on one core; split across rayon's two threads on a
+/// machine PostgreSQL keeps busy, each half waited for a core anyway, and rayon's threads then
+/// spun on `sched_yield` looking for more work (12 % of bucketfs's samples, perf). Sealed on
+/// one thread: 6 % less server CPU per transaction, TPS and rw-sync unchanged within the
+/// noise (docs/benchmarks.md, "One sealing thread for batches under 1 MiB"). Bulk writes
+/// (fio's 1 MiB writes, loads) flush batches of many MiB and keep both threads.
+pub const PARALLEL_SEAL_EXTENTS_MIN: usize = 128;
+
 /// Writes start on their way to the bucket as soon as they are applied (write-behind, see
 /// `Engine::write`) while clients ask for flush barriers at least this often, on average and
 /// lately. An fsync per transaction (pgbench with `synchronous_commit = on`: a barrier every
