@@ -349,13 +349,18 @@ PY
 # once (the slices alternate without a restart), every slice has a TPS, the server's CPU and
 # PostgreSQL's counters, and the summary has both workloads with their ratios.
 # With perf (scripts/setup installs it where the distribution has it) the run also traces the
-# block layer (--block-trace), and rw-sync's summary must show WRITEs and FLUSHes on both sides.
+# block layer (--block-trace), and rw-sync's summary must show WRITEs and FLUSHes on both sides,
+# and samples every CPU (--profile): each slice's profile must hold its server's samples.
 run_versus() {
     local results=$TEST_DIR/versus trace=()
-    if command -v perf >/dev/null; then trace=(--block-trace); else log "no perf: bench/versus without --block-trace"; fi
+    if command -v perf >/dev/null; then
+        trace=(--block-trace --profile)
+    else
+        log "no perf: bench/versus without --block-trace and --profile"
+    fi
     versus_run versus --workloads rw-sync,ro --slices 4 --duration 3 --scale 1 --clients 4 "${trace[@]}"
     python3 - "$results" "${trace[*]}" <<'PY' || die "bench/versus: results incomplete"
-import csv, os, re, sys
+import csv, os, re, subprocess, sys
 d, traced = sys.argv[1], sys.argv[2] != ""
 for workload in ("rw-sync", "ro"):
     rows = list(csv.DictReader(open(os.path.join(d, "slices-%s.tsv" % workload)), delimiter="\t"))
@@ -387,6 +392,14 @@ if traced:
     rate = next(l for l in table.splitlines() if l.startswith("FLUSHes per second")).split()[-2:]
     assert all(float(x) > 0 for x in rate), rate
     print("ok - bench/versus --block-trace: WRITE and FLUSH round trips on both sides")
+    # rw-sync's slices: the side's server (nbdkit's threads, bucketfs's) took samples.
+    for r in list(csv.DictReader(open(os.path.join(d, "slices-rw-sync.tsv")), delimiter="\t")):
+        data = os.path.join(d, "profile-rw-sync-%s-%s.data" % (r["slice"], r["side"]))
+        comms = subprocess.run(["perf", "script", "-i", data, "-F", "comm"], capture_output=True,
+                               text=True, check=True).stdout.split()
+        server = ("nbdkit",) if r["side"] == "A" else ("bucketfs", "tokio-rt-worker", "bucketfs-journa")
+        assert any(c in server for c in comms), (data, len(comms))
+    print("ok - bench/versus --profile: every rw-sync slice's profile holds its server's samples")
 print("ok - bench/versus: two workloads of 4 slices in A B B A order, TPS, CPU and the pair ratios")
 PY
     log "ok - bench/versus: summary complete"
