@@ -5,6 +5,7 @@
 //! password rewraps the data key; no data is re-encrypted.
 
 use crate::limits::{ARGON2_MEMORY_KIB, ARGON2_PASSES, EXTENT_SIZE_BYTES};
+use chacha20poly1305::aead::inout::InOutBuf;
 use chacha20poly1305::aead::{Aead, AeadInOut, KeyInit, Payload};
 use chacha20poly1305::{XChaCha20Poly1305, XNonce};
 use rand::RngCore;
@@ -180,38 +181,43 @@ impl Sealer {
         NONCE_BYTES + plain_len + TAG_BYTES
     }
 
-    /// Writes `nonce || ciphertext || tag` at the start of `out` and returns its length,
-    /// encrypting in place (no temporary copy: this runs over every byte written).
+    /// Writes `nonce || ciphertext || tag` at the start of `out` and returns its length. The
+    /// plaintext is encrypted on its way into `out`, in one pass: this runs over every byte
+    /// written, and a copy before an in-place encryption was ~10 % of the server's CPU under
+    /// 1 MiB sequential writes of incompressible data (perf).
     pub fn seal_to_slice(&self, out: &mut [u8], aad: &[u8], plaintext: &[u8]) -> usize {
-        assert!(
-            out.len() >= Self::sealed_len(plaintext.len()),
-            "the caller sizes the output for the sealed bytes"
-        );
-        out[NONCE_BYTES..NONCE_BYTES + plaintext.len()].copy_from_slice(plaintext);
-        self.seal_in_place(out, aad, plaintext.len())
+        let (nonce, body, tag) = Self::sealed_parts(out, plaintext.len());
+        let body = InOutBuf::new(plaintext, body).expect("sealed_parts sizes the body");
+        self.seal_parts(nonce, aad, body, tag);
+        Self::sealed_len(plaintext.len())
     }
 
     /// Seals the `plain_len` bytes that the caller put at `out[NONCE_BYTES..]`: writes the nonce
     /// before them and the tag after them, and returns the sealed length (as `seal_to_slice`).
     pub fn seal_in_place(&self, out: &mut [u8], aad: &[u8], plain_len: usize) -> usize {
-        let len = Self::sealed_len(plain_len);
+        let (nonce, body, tag) = Self::sealed_parts(out, plain_len);
+        self.seal_parts(nonce, aad, body.into(), tag);
+        Self::sealed_len(plain_len)
+    }
+
+    /// `out` cut into where the nonce, the ciphertext and the tag go.
+    fn sealed_parts(out: &mut [u8], plain_len: usize) -> (&mut [u8], &mut [u8], &mut [u8]) {
         assert!(
-            out.len() >= len,
+            out.len() >= Self::sealed_len(plain_len),
             "the caller sizes the output for the sealed bytes"
         );
         let (nonce, rest) = out.split_at_mut(NONCE_BYTES);
-        nonce.copy_from_slice(&random::<NONCE_BYTES>());
         let (body, rest) = rest.split_at_mut(plain_len);
-        let tag = self
+        (nonce, body, &mut rest[..TAG_BYTES])
+    }
+
+    fn seal_parts(&self, nonce: &mut [u8], aad: &[u8], body: InOutBuf<'_, '_, u8>, tag: &mut [u8]) {
+        nonce.copy_from_slice(&random::<NONCE_BYTES>());
+        let sealed_tag = self
             .cipher
-            .encrypt_inout_detached(
-                &XNonce::try_from(&*nonce).expect("24 bytes"),
-                aad,
-                body.into(),
-            )
+            .encrypt_inout_detached(&XNonce::try_from(&*nonce).expect("24 bytes"), aad, body)
             .expect("XChaCha20-Poly1305 encryption cannot fail for inputs below 256 GiB");
-        rest[..TAG_BYTES].copy_from_slice(&tag);
-        len
+        tag.copy_from_slice(&sealed_tag);
     }
 
     /// Appends `nonce || ciphertext || tag` to `out`.

@@ -723,6 +723,10 @@ impl Engine {
                 .inner
                 .background_flush
                 .store(false, Ordering::Release);
+            let pending = engine.inner.state.lock().pending.data_bytes();
+            if pending >= DIRTY_BYTES_FLUSH_START {
+                engine.kick_background_flush();
+            }
             if let Err(e) = engine.upload_queued(target).await {
                 tracing::error!(error = %e, "background flush failed; unflushed writes stay in memory and are retried");
             }

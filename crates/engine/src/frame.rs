@@ -134,9 +134,8 @@ pub fn encode(
         "frames always hold a whole extent"
     );
     // Compressed straight into the frame, where it is then encrypted in place; a result must
-    // be smaller than the extent to be kept.
-    let room = &mut out[1 + NONCE_BYTES..1 + NONCE_BYTES + EXTENT_SIZE_BYTES];
-    let smaller = &mut room[..EXTENT_SIZE_BYTES - 1];
+    // be smaller than the extent to be kept. Otherwise the extent is encrypted on its way in.
+    let smaller = &mut out[1 + NONCE_BYTES..][..EXTENT_SIZE_BYTES - 1];
     let compressed_len = match codec {
         Codec::None => None,
         Codec::Zstd if looks_incompressible(plain) => None,
@@ -148,15 +147,16 @@ pub fn encode(
             Some(n)
         }),
     };
-    let (codec, body_len) = match compressed_len {
-        Some(n) => (codec, n),
-        None => {
-            room.copy_from_slice(plain);
-            (Codec::None, plain.len())
+    match compressed_len {
+        Some(n) => {
+            out[0] = codec as u8;
+            1 + sealer.seal_in_place(&mut out[1..], &aad(ino, index, codec as u8), n)
         }
-    };
-    out[0] = codec as u8;
-    1 + sealer.seal_in_place(&mut out[1..], &aad(ino, index, codec as u8), body_len)
+        None => {
+            out[0] = Codec::None as u8;
+            1 + sealer.seal_to_slice(&mut out[1..], &aad(ino, index, Codec::None as u8), plain)
+        }
+    }
 }
 
 /// The codec a frame was sealed with, as its first byte records it (not authenticated until
