@@ -283,6 +283,9 @@ pub struct EngineStats {
     /// Bytes of the log objects now in the bucket: what the data costs to store (checkpoints
     /// and the superblock aside).
     pub log_bytes_stored: u64,
+    /// Live bytes of those log objects (frames the extent map points at): what the data would
+    /// take without garbage. `log_bytes_stored` over this is the bucket's space amplification.
+    pub log_bytes_live: u64,
     pub checkpoints_written: u64,
     pub log_objects_deleted: u64,
     /// Extents rewritten out of sparse log objects (`Engine::repack`).
@@ -1717,7 +1720,7 @@ impl Engine {
             .repacked_uncollected
             .store(false, Ordering::Release);
         ctl.checkpoint_seq = seq;
-        ctl.log_bytes_since_checkpoint = 0;
+        let log_bytes = std::mem::take(&mut ctl.log_bytes_since_checkpoint);
         // The newest earlier checkpoint begun at least `reseal_after` ago: what it covered has
         // been live that long. Under fsync-heavy load checkpoints come every few seconds, so
         // their count says nothing of age.
@@ -1727,14 +1730,19 @@ impl Engine {
         while ctl.checkpoints_begun.len() > 1 && old_enough(&ctl.checkpoints_begun[1].1) {
             ctl.checkpoints_begun.pop_front();
         }
-        let reseal_through = match ctl.checkpoints_begun.front() {
+        let aged_through = match ctl.checkpoints_begun.front() {
             Some((s, at)) if old_enough(at) => *s,
             _ => 0,
         };
         ctl.checkpoints_begun.push_back((seq, now));
         Covered {
-            logs: ctl.known_logs.range(..=seq).map(|(s, _)| *s).collect(),
-            reseal_through,
+            logs: ctl
+                .known_logs
+                .range(..=seq)
+                .map(|(s, bytes)| (*s, *bytes))
+                .collect(),
+            aged_through,
+            log_bytes,
         }
     }
 
@@ -1862,15 +1870,15 @@ impl Engine {
         }
         // Live bytes of a log object only ever fall (new pointers point at new objects), so an
         // object found dead here stays dead.
-        let (dead, live): (Vec<u64>, Vec<u64>) = {
+        let (dead, live): (Vec<(u64, u64)>, Vec<(u64, u64)>) = {
             let st = self.inner.state.lock();
             covered
                 .logs
-                .into_iter()
-                .partition(|s| st.committed.live_bytes(*s) == 0)
+                .iter()
+                .partition(|(s, _)| st.committed.live_bytes(*s) == 0)
         };
         let deleted: Vec<u64> = futures::stream::iter(dead)
-            .map(|s| async move {
+            .map(|(s, _)| async move {
                 self.inner
                     .bucket
                     .delete(&logobj::log_key(s), DeleteMode::Garbage)
@@ -1903,7 +1911,7 @@ impl Engine {
             return Ok(());
         }
         if let Err(e) = self
-            .repack(&state, &live.into_iter().collect(), covered.reseal_through)
+            .repack(&state, &live.into_iter().collect(), &covered)
             .await
         {
             tracing::warn!(seq, error = %e, "moving extents out of log objects failed; they stay until a later checkpoint tries again");
@@ -1913,29 +1921,43 @@ impl Engine {
 
     /// Moves extents, unchanged, out of log objects the checkpoint `state` covers, into new
     /// log objects, so that the old ones die and the next checkpoint deletes them:
-    /// - the extents of those `live` objects that hold only a few (REPACK_LIVE_EXTENTS_MAX):
-    ///   a few extents that are never overwritten would otherwise keep each object alive;
-    /// - with zstd configured, the extents of whole objects that hold lz4 frames and that the
-    ///   checkpoint at `lz4_through` covered, begun at least `reseal_after` ago: they have been
-    ///   live that long, so they are likely to stay, and zstd stores them in about half the
-    ///   bytes.
+    /// - the extents of those `live` objects (sequence number to size in bytes) that hold only
+    ///   a few (REPACK_LIVE_EXTENTS_MAX): a few extents that are never overwritten would
+    ///   otherwise keep each object alive;
+    /// - of the `live` objects `covered` finds aged (covered by a checkpoint begun at least
+    ///   `reseal_after` ago), the fragmented ones (`fragmented_objects`), up to as many live
+    ///   bytes as the log objects of the interval took, at least REPACK_FRAGMENTED_BYTES_MIN:
+    ///   overwritten in place, a device's large objects would otherwise keep their garbage for
+    ///   as long as a few of their extents stay;
+    /// - with zstd configured, the extents of whole aged objects that hold lz4 frames: they
+    ///   have been live that long, so they are likely to stay, and zstd stores them in about
+    ///   half the bytes.
     ///
     /// An extent written again meanwhile is left alone (the write kills its old frame anyway).
     /// Contents never change, so the atomic prefix a crash leaves is unaffected.
     async fn repack(
         &self,
         state: &MetaState,
-        live: &HashSet<u64>,
-        lz4_through: u64,
+        live: &HashMap<u64, u64>,
+        covered: &Covered,
     ) -> Result<(), EngineError> {
-        let mut sparse = state.extents_of_sparse_objects(live, REPACK_LIVE_EXTENTS_MAX);
+        let live_seqs: HashSet<u64> = live.keys().copied().collect();
+        let mut sparse = state.extents_of_sparse_objects(&live_seqs, REPACK_LIVE_EXTENTS_MAX);
+        let sparse_seqs: HashSet<u64> = sparse.iter().map(|(_, _, p)| p.seq).collect();
         sparse.truncate(REPACK_EXTENTS_MAX);
+        let aged: Vec<(u64, u64, u64)> = live
+            .iter()
+            .filter(|(seq, _)| **seq <= covered.aged_through && !sparse_seqs.contains(seq))
+            .map(|(seq, size)| (*seq, state.live_bytes(*seq), *size))
+            .collect();
+        let budget = covered.log_bytes.max(REPACK_FRAGMENTED_BYTES_MIN);
+        let fragmented = state.extents_of_objects(&fragmented_objects(&aged, budget));
         // Sparse objects are repacking's, within its own budget: under fsync-heavy load they
         // are many, and re-sealing is for the dense ones.
         let lz4 = match self.inner.codec {
             Codec::Zstd => whole_objects_up_to(
                 state
-                    .extents_of_lz4_objects(lz4_through, REPACK_LIVE_EXTENTS_MAX)
+                    .extents_of_lz4_objects(covered.aged_through, REPACK_LIVE_EXTENTS_MAX)
                     .into_iter(),
                 RESEAL_EXTENTS_MAX,
             ),
@@ -1943,12 +1965,16 @@ impl Engine {
         };
         tracing::debug!(
             sparse = sparse.len(),
+            fragmented = fragmented.len(),
             lz4 = lz4.len(),
-            lz4_through,
+            aged_through = covered.aged_through,
             "moving extents out of covered log objects"
         );
         let c = &self.inner.counters;
         self.move_extents(&sparse, &c.extents_repacked).await?;
+        self.move_extents(&fragmented, &c.extents_repacked).await?;
+        // Extents of fragmented objects that held lz4 frames are moved already: the move skips
+        // what no longer points where the checkpoint saw it.
         self.move_extents(&lz4, &c.extents_resealed).await
     }
 
@@ -2046,6 +2072,7 @@ impl Engine {
             log_objects_written: c.log_objects_written.load(Ordering::Relaxed),
             log_bytes_written: c.log_bytes_written.load(Ordering::Relaxed),
             log_bytes_stored: self.inner.log_bytes_stored.load(Ordering::Relaxed),
+            log_bytes_live: st.committed.live_bytes_total(),
             checkpoints_written: c.checkpoints_written.load(Ordering::Relaxed),
             log_objects_deleted: c.log_objects_deleted.load(Ordering::Relaxed),
             extents_repacked: c.extents_repacked.load(Ordering::Relaxed),
@@ -2078,11 +2105,39 @@ fn extent_span(index: u64, offset: u64, length: u64) -> (usize, usize) {
     (start as usize, end as usize)
 }
 
-/// The log objects a checkpoint covers (the candidates for collection), and those old enough
-/// to re-seal (up to `reseal_through`).
+/// What a checkpoint covers: the log objects (the candidates for collection) with their sizes
+/// in bytes, those among them old enough for re-sealing and for repacking when fragmented (up
+/// to `aged_through`, covered by a checkpoint begun at least `reseal_after` earlier), and the
+/// bytes of the log objects written since the checkpoint before.
 struct Covered {
-    logs: Vec<u64>,
-    reseal_through: u64,
+    logs: Vec<(u64, u64)>,
+    aged_through: u64,
+    log_bytes: u64,
+}
+
+/// Of `objects` (sequence number, live bytes, size in bytes), the fragmented ones (at most
+/// REPACK_LIVE_PERCENT_MAX percent live), least live first, as many as `budget` live bytes
+/// allow (but at least one): moving their live bytes gives back the most space per byte moved.
+fn fragmented_objects(objects: &[(u64, u64, u64)], budget: u64) -> HashSet<u64> {
+    let mut fragmented: Vec<(u64, u64, u64)> = objects
+        .iter()
+        .copied()
+        .filter(|&(_, live, size)| live * 100 <= size * REPACK_LIVE_PERCENT_MAX)
+        .collect();
+    // By live / size, compared without division.
+    fragmented.sort_unstable_by(|a, b| {
+        (u128::from(a.1) * u128::from(b.2)).cmp(&(u128::from(b.1) * u128::from(a.2)))
+    });
+    let mut moved = 0;
+    let mut chosen = HashSet::new();
+    for (seq, live, _) in fragmented {
+        if !chosen.is_empty() && moved + live > budget {
+            break;
+        }
+        moved += live;
+        chosen.insert(seq);
+    }
+    chosen
 }
 
 /// The leading `extents` (sorted by object) of whole objects, as many objects as fit in `max`
@@ -2128,6 +2183,33 @@ impl Drop for ClearOnDrop<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fragmented_objects_are_the_least_live_within_the_budget_and_at_least_one() {
+        // (seq, live bytes, size): 40 %, 10 %, 50 %, 51 % and 0.5 % live.
+        let objects = [
+            (1, 40, 100),
+            (2, 10, 100),
+            (3, 500, 1000),
+            (4, 51, 100),
+            (5, 5, 1000),
+        ];
+        let chosen = |budget| {
+            let mut seqs: Vec<u64> = fragmented_objects(&objects, budget).into_iter().collect();
+            seqs.sort_unstable();
+            seqs
+        };
+        assert_eq!(chosen(1), vec![5], "one, though over the budget");
+        assert_eq!(chosen(15), vec![2, 5]);
+        assert_eq!(chosen(54), vec![2, 5]);
+        assert_eq!(chosen(55), vec![1, 2, 5]);
+        assert_eq!(
+            chosen(10_000),
+            vec![1, 2, 3, 5],
+            "51 % live is not fragmented"
+        );
+        assert!(fragmented_objects(&[(1, 60, 100)], 1000).is_empty());
+    }
 
     #[test]
     fn whole_objects_up_to_takes_whole_objects_and_at_least_one() {

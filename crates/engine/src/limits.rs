@@ -130,6 +130,21 @@ pub const REPACK_LIVE_EXTENTS_MAX: usize = 16;
 /// and the work one checkpoint adds.
 pub const REPACK_EXTENTS_MAX: usize = 2048;
 
+/// A log object whose live bytes are at most this percentage of its size is fragmented: once a
+/// checkpoint begun at least `reseal_after` (RESEAL_AFTER_S) earlier covers it, the collector
+/// moves its live extents out, least live objects first, so that the bucket holds at most
+/// about twice the live data (plus what was written within `reseal_after`) however a device is
+/// overwritten. Younger objects are left alone: under PostgreSQL most of an object dies within
+/// minutes (WAL segments are recycled), and moving it earlier would be wasted work.
+pub const REPACK_LIVE_PERCENT_MAX: u64 = 50;
+
+/// Live bytes one checkpoint moves out of fragmented objects: as many as the log objects of its
+/// interval took, and at least this many (so a quiet device is cleaned up too). Moving at
+/// most about what clients wrote bounds the collector's writes to about as many as theirs,
+/// and at under half live, every byte moved gives back more than a byte of garbage, so it
+/// keeps up.
+pub const REPACK_FRAGMENTED_BYTES_MIN: u64 = 64 << 20;
+
 /// lz4 frames are re-sealed with zstd once they have been live this long (counted from the
 /// checkpoint that covered them, or from when the process opened the bucket): what survives
 /// ten minutes is likely to stay, while PostgreSQL's WAL and hot table pages are rewritten

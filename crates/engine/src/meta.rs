@@ -329,6 +329,19 @@ impl MetaState {
         self.live_bytes.get(&seq).copied().unwrap_or(0)
     }
 
+    /// The live bytes of all log objects: what the data would take in a bucket without garbage.
+    pub fn live_bytes_total(&self) -> u64 {
+        self.live_bytes.values().sum()
+    }
+
+    /// The extents stored in the log objects `seqs`, in object order, as (inode, index,
+    /// pointer).
+    pub fn extents_of_objects(&self, seqs: &HashSet<u64>) -> Vec<(u64, u64, ExtentPtr)> {
+        let mut found: Vec<_> = self.extents_where(|p| seqs.contains(&p.seq)).collect();
+        found.sort_unstable_by_key(|(_, _, p)| (p.seq, p.offset));
+        found
+    }
+
     /// The live bytes (stored, compressed) of the log objects that hold lz4 frames: an upper
     /// bound on what is still stored in lz4, as those objects may also hold zstd frames.
     pub fn live_bytes_in_lz4_objects(&self) -> u64 {
