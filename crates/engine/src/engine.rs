@@ -290,6 +290,8 @@ pub struct EngineStats {
     pub log_objects_deleted: u64,
     /// Extents rewritten out of sparse log objects (`Engine::repack`).
     pub extents_repacked: u64,
+    /// Extents moved out of fragmented log objects (at most half live; `Engine::repack`).
+    pub extents_defragmented: u64,
     /// Extents moved out of objects that hold lz4 frames, to be sealed with zstd
     /// (`Engine::repack`).
     pub extents_resealed: u64,
@@ -314,6 +316,7 @@ struct Counters {
     checkpoints_written: AtomicU64,
     log_objects_deleted: AtomicU64,
     extents_repacked: AtomicU64,
+    extents_defragmented: AtomicU64,
     extents_resealed: AtomicU64,
 }
 
@@ -1926,7 +1929,8 @@ impl Engine {
     ///   otherwise keep each object alive;
     /// - of the `live` objects `covered` finds aged (covered by a checkpoint begun at least
     ///   `reseal_after` ago), the fragmented ones (`fragmented_objects`), up to as many live
-    ///   bytes as the log objects of the interval took, at least REPACK_FRAGMENTED_BYTES_MIN:
+    ///   bytes as the log objects of the interval took (at least REPACK_FRAGMENTED_BYTES_MIN,
+    ///   at most LOG_BYTES_PER_CHECKPOINT, the most an interval writes while it keeps up):
     ///   overwritten in place, a device's large objects would otherwise keep their garbage for
     ///   as long as a few of their extents stay;
     /// - with zstd configured, the extents of whole aged objects that hold lz4 frames: they
@@ -1950,7 +1954,9 @@ impl Engine {
             .filter(|(seq, _)| **seq <= covered.aged_through && !sparse_seqs.contains(seq))
             .map(|(seq, size)| (*seq, state.live_bytes(*seq), *size))
             .collect();
-        let budget = covered.log_bytes.max(REPACK_FRAGMENTED_BYTES_MIN);
+        let budget = covered
+            .log_bytes
+            .clamp(REPACK_FRAGMENTED_BYTES_MIN, LOG_BYTES_PER_CHECKPOINT);
         let fragmented = state.extents_of_objects(&fragmented_objects(&aged, budget));
         // Sparse objects are repacking's, within its own budget: under fsync-heavy load they
         // are many, and re-sealing is for the dense ones.
@@ -1972,7 +1978,8 @@ impl Engine {
         );
         let c = &self.inner.counters;
         self.move_extents(&sparse, &c.extents_repacked).await?;
-        self.move_extents(&fragmented, &c.extents_repacked).await?;
+        self.move_extents(&fragmented, &c.extents_defragmented)
+            .await?;
         // Extents of fragmented objects that held lz4 frames are moved already: the move skips
         // what no longer points where the checkpoint saw it.
         self.move_extents(&lz4, &c.extents_resealed).await
@@ -2076,6 +2083,7 @@ impl Engine {
             checkpoints_written: c.checkpoints_written.load(Ordering::Relaxed),
             log_objects_deleted: c.log_objects_deleted.load(Ordering::Relaxed),
             extents_repacked: c.extents_repacked.load(Ordering::Relaxed),
+            extents_defragmented: c.extents_defragmented.load(Ordering::Relaxed),
             extents_resealed: c.extents_resealed.load(Ordering::Relaxed),
             live_bytes_in_lz4_objects: st.committed.live_bytes_in_lz4_objects(),
             pending_bytes: st.pending.data_bytes() as u64,
