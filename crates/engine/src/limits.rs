@@ -140,10 +140,9 @@ pub const REPACK_LIVE_PERCENT_MAX: u64 = 50;
 
 /// Live bytes one checkpoint moves out of fragmented objects: as many as the log objects of its
 /// interval took (at most LOG_BYTES_PER_CHECKPOINT, so that one collection stays short), and at
-/// least this many (so a quiet device is cleaned up too). Moving at
-/// most about what clients wrote bounds the collector's writes to about as many as theirs,
-/// and at under half live, every byte moved gives back more than a byte of garbage, so it
-/// keeps up.
+/// least this many (so a quiet device is cleaned up too). Moving at most about what clients
+/// wrote bounds the collector's writes to about as many as theirs, and at under half live,
+/// every byte moved gives back more than a byte of garbage, so it keeps up.
 pub const REPACK_FRAGMENTED_BYTES_MIN: u64 = 64 << 20;
 
 /// lz4 frames are re-sealed with zstd once they have been live this long (counted from the
