@@ -25,6 +25,8 @@
 #      (--reference nbdkit-file), rw-sync in 2 slices, on a zram device of its own (--zram).
 #      Then two bucketfs builds side by side (--reference bucketfs:BINARY, here the same one),
 #      rw-async in 2 slices: both servers measured, both stopped.
+#   6. (file backend) bench/storage, rw-async in 2 slices of 3 s: a row per slice whose stored,
+#      live and stored / live agree, and the database's size on ext4.
 set -euo pipefail
 # shellcheck source=tests/lib.sh
 source "$(dirname "$0")/lib.sh"
@@ -457,16 +459,49 @@ text = open(os.path.join(d, "summary.txt")).read()
 assert f"A bucketfs:{binary}" in text and "B bucketfs" in text, text
 assert "B/A TPS over 1 neighbouring pairs: mean" in text, text
 for side in "AB":
-    m = re.search(r"^rw-async: storage %s: log written ([\d.]+) MB, stored ([\d.]+) MB \(status: ([\d.]+) MB\); "
-                  r"flushes \d+ \(lz4 \d+\); extents repacked \d+, re-sealed \d+, [\d.]+ MB live in lz4 objects$" % side, text, re.M)
+    m = re.search(r"^rw-async: storage %s: log written ([\d.]+) MB, stored ([\d.]+) MB \(status: ([\d.]+) MB\), "
+                  r"([\d.]+) MB live \(stored / live ([\d.]+)\); flushes \d+ \(lz4 \d+\); "
+                  r"extents repacked \d+, defragmented \d+, re-sealed \d+, [\d.]+ MB live in lz4 objects$" % side, text, re.M)
     # The files of log/, once the journal has stored them, are what the engine counts (within
     # 2 %: an object the collector wrote late in the settling time may still be in the journal).
     assert m and float(m.group(1)) > 0 and float(m.group(2)) > 0, text
     assert abs(float(m.group(2)) - float(m.group(3))) <= 0.02 * float(m.group(3)), text
+    # Live bytes are some of those stored, and the ratio is theirs.
+    stored, live, ratio = float(m.group(3)), float(m.group(4)), float(m.group(5))
+    assert 0 < live <= stored and abs(ratio - stored / live) <= 0.02 * ratio + 0.01, text
 print("ok - bench/versus --reference bucketfs:BINARY: two servers side by side, both measured, their buckets' bytes")
 PY
     ! pgrep -f "run -c .*/bucketfs-versus\.[^/]*/[AB]/bucket/bucketfs\.toml" >/dev/null ||
         die "a bucketfs server outlived bench/versus: $(pgrep -af 'bucketfs-versus\.')"
+}
+# bench/storage, two short slices: a row per slice, every column a number, live bytes some of
+# those stored and the ratio theirs, and its server gone afterwards.
+run_storage() {
+    local results=$TEST_DIR/storage rc=0
+    log "bench/storage --slices 2 --slice-seconds 3 --scale 1 --clients 4"
+    timeout --kill-after=20 "$BENCH_TIMEOUT_S" "$REPO_ROOT/bench/storage" --slices 2 --slice-seconds 3 \
+        --scale 1 --clients 4 --results "$results" >"$TEST_DIR/storage.out" 2>&1 || rc=$?
+    if ((rc != 0)); then
+        tail -n 40 "$TEST_DIR/storage.out" >&2
+        die "bench/storage exited $rc"
+    fi
+    python3 - "$results/storage.tsv" <<'PY' || die "bench/storage: rows incomplete"
+import csv, sys
+lines = [l for l in open(sys.argv[1]) if not l.startswith("#")]
+rows = list(csv.DictReader(lines, delimiter="\t"))
+assert len(rows) == 2, rows
+for r in rows:
+    assert all(float(v) >= 0 for v in r.values()), r
+    stored, live = float(r["stored_MB"]), float(r["live_MB"])
+    assert float(r["tps"]) > 0 and float(r["written_MB"]) >= stored >= live > 0, r
+    assert abs(float(r["stored/live"]) - stored / live) <= 0.05, r
+    assert float(r["database_MB"]) > 0 and float(r["ext4_used_MB"]) > float(r["database_MB"]), r
+assert float(rows[0]["s"]) < float(rows[1]["s"]), rows
+print("ok - bench/storage: a row per slice, stored, live and their ratio consistent")
+PY
+    ! pgrep -f "run -c .*/bucketfs-storage\.[^/]*/B/bucket/bucketfs\.toml" >/dev/null ||
+        die "a bucketfs server outlived bench/storage: $(pgrep -af 'bucketfs-storage\.')"
+    log "ok - bench/storage"
 }
 zram_devices() { find /sys/block -maxdepth 1 -name 'zram*' -printf '%f ' | tr ' ' '\n' | sort | tr '\n' ' '; }
 
@@ -480,6 +515,7 @@ for backend in $BUCKETFS_TEST_BACKENDS; do
         run_versus
         run_versus_durable
         run_versus_builds
+        run_storage
         ;;
     s3)
         run_bench tiny-s3 local,bucketfs-s3,peer \
