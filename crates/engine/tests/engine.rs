@@ -713,14 +713,20 @@ async fn lz4_frames_that_outlive_a_checkpoint_interval_are_resealed_with_zstd() 
     assert_eq!(e.stats().extents_resealed, 0, "{:?}", e.stats());
 }
 
+/// An engine whose collector finds nothing old enough to re-seal or to move out of fragmented
+/// objects for an hour (`EngineOptions::reseal_after`).
+async fn open_aging_for_an_hour(w: &World) -> Engine {
+    let mut opts = EngineOptions::for_tests("pw");
+    opts.reseal_after = std::time::Duration::from_secs(3600);
+    Engine::open(w.bucket.clone(), opts).await.unwrap()
+}
+
 /// Re-sealing waits for `reseal_after`: lz4 frames covered by checkpoints younger than that
 /// stay as they are, however many checkpoints pass.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lz4_frames_younger_than_reseal_after_are_left_alone() {
     let w = world();
-    let mut opts = EngineOptions::for_tests("pw");
-    opts.reseal_after = std::time::Duration::from_secs(3600);
-    let e = Engine::open(w.bucket.clone(), opts).await.unwrap();
+    let e = open_aging_for_an_hour(&w).await;
     steady_barriers(&e).await;
     let len = 24 * EXTENT_SIZE_BYTES;
     let lz4_before = e.stats().flushes_lz4;
@@ -833,9 +839,7 @@ async fn a_device_mostly_overwritten_in_place_is_not_stored_twice() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fragmented_objects_younger_than_reseal_after_are_left_alone() {
     let w = world();
-    let mut opts = EngineOptions::for_tests("pw");
-    opts.reseal_after = std::time::Duration::from_secs(3600);
-    let e = Engine::open(w.bucket.clone(), opts).await.unwrap();
+    let e = open_aging_for_an_hour(&w).await;
     let (_, large) = overwrite_three_quarters(&w, &e).await;
     flush_until_checkpoints(&e, 4).await;
     let now = log_keys(&w).await;
