@@ -1,0 +1,474 @@
+//! The flush barrier and the upload pipeline: freeze, seal, upload with a conditional create,
+//! commit in sequence order. Also the engine's own flushes (memory filling up, the periodic one).
+
+use super::*;
+
+/// Who waits for a flush: the codec follows (`Engine::codec_for`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Waiting {
+    /// A client's barrier, or write-behind ahead of the one that will come.
+    Client,
+    /// The engine's own: memory filling up, the periodic flush, repacking, closing.
+    Engine,
+}
+
+/// A sealed log object waiting for (or retrying) its upload.
+#[derive(Clone)]
+pub(super) struct Sealed {
+    pub(super) seq: u64,
+    pub(super) object: Bytes,
+    pub(super) ops: Arc<Vec<MetaOp>>,
+    /// The write generation that is durable once this object is.
+    pub(super) gen: u64,
+    pub(super) upload: UploadState,
+}
+
+#[derive(Clone, PartialEq, Eq)]
+pub(super) enum UploadState {
+    Waiting,
+    InFlight,
+    Stored,
+    Failed(String),
+}
+
+/// Flushes run in two stages so that sealing one batch overlaps with uploading the previous
+/// one: stage one (under `seal`) freezes the pending batch, seals it and queues it; stage two
+/// (under `upload`) uploads up to UPLOADS_IN_FLIGHT_MAX queued objects at once and commits
+/// them strictly in sequence order as they are stored.
+pub(super) struct SealCtl {
+    pub(super) next_seq: u64,
+}
+
+pub(super) struct UploadCtl {
+    pub(super) checkpoint_seq: u64,
+    /// Checkpoints of this process (the one it opened first) and when they were begun, oldest
+    /// first; only the newest older than `reseal_after` and those after it are kept.
+    pub(super) checkpoints_begun: VecDeque<(u64, std::time::Instant)>,
+    pub(super) log_bytes_since_checkpoint: u64,
+    /// Log objects in the bucket and their sizes in bytes (for the garbage collector, and
+    /// `Inner::log_bytes_stored`).
+    pub(super) known_logs: BTreeMap<u64, u64>,
+}
+
+impl Engine {
+    pub(super) fn spawn_periodic_flush(&self, interval: Duration) {
+        let weak = Arc::downgrade(&self.inner);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(interval);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                let Some(inner) = weak.upgrade() else { return };
+                let engine = Engine { inner };
+                if engine.has_unflushed() {
+                    if let Err(e) = engine.barrier(Waiting::Engine).await {
+                        tracing::error!(error = %e, "periodic flush failed; unflushed writes stay in memory and are retried");
+                    }
+                }
+            }
+        });
+    }
+
+    /// Starts a background flush once enough data is pending; writers wait only while there is
+    /// more than PENDING_BYTES_MAX pending or DIRTY_BYTES_MAX unflushed.
+    pub(super) async fn make_room(&self) -> Result<(), EngineError> {
+        loop {
+            // Registered before looking, so that a commit in between is not missed.
+            let committed = self.inner.committed_notify.notified();
+            tokio::pin!(committed);
+            committed.as_mut().enable();
+            let (pending, unflushed) = {
+                let st = self.inner.state.lock();
+                (st.pending.data_bytes(), st.unflushed_bytes())
+            };
+            if pending >= DIRTY_BYTES_FLUSH_START {
+                self.kick_background_flush();
+            }
+            if pending < PENDING_BYTES_MAX && unflushed < DIRTY_BYTES_MAX {
+                return Ok(());
+            }
+            if self.inner.upload_failing.load(Ordering::Acquire) {
+                // The store is refusing uploads: retry in the foreground so this writer gets
+                // the error instead of waiting without end.
+                self.barrier(Waiting::Engine).await?;
+                continue;
+            }
+            // Wait for an upload to commit (or a moment, in case a kick was missed).
+            let _ = tokio::time::timeout(Duration::from_millis(50), committed).await;
+        }
+    }
+
+    /// Seals the pending batch on a background task. Once its batch is sealed, the task lets the
+    /// next kick seal another, and kicks it itself if enough is pending by then, so sealing
+    /// overlaps with the upload before it. Writers held at DIRTY_BYTES_MAX wait for a commit
+    /// and kick only after it: under 1 MiB sequential writes every seal then waited for the
+    /// upload before it, and the machine idled a quarter of the time (docs/benchmarks.md,
+    /// "Sealing the next batch during an upload").
+    pub(super) fn kick_background_flush(&self) {
+        if self.inner.background_flush.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let engine = self.clone();
+        tokio::spawn(async move {
+            let target = engine.inner.state.lock().write_gen;
+            engine.seal_pending(target, Waiting::Engine).await;
+            engine
+                .inner
+                .background_flush
+                .store(false, Ordering::Release);
+            let pending = engine.inner.state.lock().pending.data_bytes();
+            if pending >= DIRTY_BYTES_FLUSH_START {
+                engine.kick_background_flush();
+            }
+            if let Err(e) = engine.upload_queued(target).await {
+                tracing::error!(error = %e, "background flush failed; unflushed writes stay in memory and are retried");
+            }
+        });
+    }
+
+    /// Returns once every mutation applied before the call is durable in the bucket.
+    /// Concurrent callers share uploads (group commit). A client's barrier (NBD FLUSH, FUA, an
+    /// admin change): it counts towards the cadence that turns write-behind on.
+    pub async fn flush(&self) -> Result<(), EngineError> {
+        self.inner.barrier_cadence.note();
+        self.barrier(Waiting::Client).await
+    }
+
+    /// The barrier itself: a client's (through `flush`, which also counts it towards the
+    /// cadence) or the engine's own; `waiting` says whose, and so which codec seals it.
+    pub(super) async fn barrier(&self, waiting: Waiting) -> Result<(), EngineError> {
+        if self.inner.read_only {
+            return Ok(());
+        }
+        let started = std::time::Instant::now();
+        let (target, pending_bytes) = {
+            let st = self.inner.state.lock();
+            (st.write_gen, st.pending.data_bytes())
+        };
+        let result = loop {
+            if self.inner.durable_gen.load(Ordering::Acquire) >= target {
+                break Ok(());
+            }
+            if let Some(why) = &*self.inner.poisoned.lock() {
+                break Err(EngineError::Poisoned(why.clone()));
+            }
+            self.seal_pending(target, waiting).await;
+            if let Err(e) = self.upload_queued(target).await {
+                break Err(e);
+            }
+        };
+        let wait_us = started.elapsed().as_micros() as u64;
+        tracing::debug!(target, pending_bytes, wait_us, ?waiting, "barrier");
+        let c = &self.inner.counters;
+        c.barriers.fetch_add(1, Ordering::Relaxed);
+        c.barrier_wait_us.fetch_add(wait_us, Ordering::Relaxed);
+        result
+    }
+
+    /// Stage one: unless a queued batch already covers `target`, freeze the pending batch, seal
+    /// it and queue it.
+    pub(super) async fn seal_pending(&self, target: u64, waiting: Waiting) {
+        let mut ctl = self.inner.seal.lock().await;
+        let frozen_gen = self.inner.queue.lock().back().map(|s| s.gen);
+        if frozen_gen.is_some_and(|g| g >= target)
+            || self.inner.durable_gen.load(Ordering::Acquire) >= target
+        {
+            return;
+        }
+        let batch = {
+            let mut st = self.inner.state.lock();
+            let mut batch = std::mem::take(&mut st.pending);
+            batch.gen = st.write_gen;
+            if batch.is_empty() {
+                // Nothing new since the last freeze: the queued batches (if any) cover it all.
+                drop(st);
+                if frozen_gen.is_none() {
+                    self.inner
+                        .durable_gen
+                        .fetch_max(batch.gen, Ordering::AcqRel);
+                }
+                return;
+            }
+            let batch = Arc::new(batch);
+            st.flushing.push_back(batch.clone());
+            batch
+        };
+        let seq = ctl.next_seq;
+        ctl.next_seq += 1;
+        let started = std::time::Instant::now();
+        let gen = batch.gen;
+        let extents = batch.extents.len();
+        let codec = self.codec_for(extents, waiting);
+        let (object, ops) = self.encode(seq, batch, codec).await;
+        tracing::debug!(
+            seq,
+            bytes = object.as_ref().len(),
+            extents,
+            seal_us = started.elapsed().as_micros() as u64,
+            ?codec,
+            "sealed"
+        );
+        self.inner.queue.lock().push_back(Sealed {
+            upload: UploadState::Waiting,
+            seq,
+            object: object.into_bytes(),
+            ops: Arc::new(ops),
+            gen,
+        });
+        let c = &self.inner.counters;
+        c.flushes.fetch_add(1, Ordering::Relaxed);
+        if codec == Codec::Lz4 {
+            c.flushes_lz4.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Stage two: upload and commit queued objects in order until `target` is durable.
+    pub(super) async fn upload_queued(&self, target: u64) -> Result<(), EngineError> {
+        loop {
+            if self.inner.durable_gen.load(Ordering::Acquire) >= target {
+                return Ok(());
+            }
+            let stored = self.inner.stored_notify.notified();
+            tokio::pin!(stored);
+            stored.as_mut().enable();
+            if let Some((seq, object)) = self.start_uploads() {
+                self.run_upload(seq, object).await;
+            }
+            {
+                let mut ctl = self.inner.upload.lock().await;
+                loop {
+                    let front = self
+                        .inner
+                        .queue
+                        .lock()
+                        .front()
+                        .map(|s| (s.upload.clone(), s.seq));
+                    match front {
+                        Some((UploadState::Stored, _)) => {
+                            let sealed = self
+                                .inner
+                                .queue
+                                .lock()
+                                .front()
+                                .cloned()
+                                .expect("the front was just seen");
+                            // Commit before dequeuing: whoever finds the queue empty may rely on
+                            // it being durable.
+                            self.commit(&mut ctl, &sealed);
+                            self.inner.queue.lock().pop_front();
+                            self.inner.committed_notify.notify_waiters();
+                        }
+                        Some((UploadState::Failed(why), seq)) => {
+                            // Retried, byte for byte, by the next flush.
+                            if let Some(f) = self.inner.queue.lock().front_mut() {
+                                f.upload = UploadState::Waiting;
+                            }
+                            self.inner.upload_failing.store(true, Ordering::Release);
+                            tracing::error!(seq, error = %why, "upload failed; the sealed object stays queued and is uploaded again by the next flush");
+                            return Err(EngineError::Store(StoreError::Transient(why)));
+                        }
+                        Some(_) => break,
+                        None => return Ok(()),
+                    }
+                }
+            }
+            if self.inner.durable_gen.load(Ordering::Acquire) >= target {
+                return Ok(());
+            }
+            if let Some(why) = &*self.inner.poisoned.lock() {
+                return Err(EngineError::Poisoned(why.clone()));
+            }
+            stored.await;
+        }
+    }
+
+    /// Starts the uploads of queued objects, at most UPLOADS_IN_FLIGHT_MAX at a time. When none
+    /// was in flight, the first is returned for the caller to run itself (`run_upload`): on
+    /// the fsync path, handing it to a task of its own cost a wake-up of another worker thread
+    /// (~60 us on the test VM) before and after the write.
+    pub(super) fn start_uploads(&self) -> Option<(u64, Bytes)> {
+        let mut queue = self.inner.queue.lock();
+        let mut in_flight = queue
+            .iter()
+            .filter(|s| s.upload == UploadState::InFlight)
+            .count();
+        let mut run_here = None;
+        for sealed in queue.iter_mut().take(UPLOADS_IN_FLIGHT_MAX) {
+            if in_flight >= UPLOADS_IN_FLIGHT_MAX {
+                break;
+            }
+            if sealed.upload != UploadState::Waiting {
+                continue;
+            }
+            sealed.upload = UploadState::InFlight;
+            let upload = (sealed.seq, sealed.object.clone());
+            if in_flight == 0 && run_here.is_none() {
+                run_here = Some(upload);
+            } else {
+                let engine = self.clone();
+                tokio::spawn(async move { engine.run_upload(upload.0, upload.1).await });
+            }
+            in_flight += 1;
+        }
+        run_here
+    }
+
+    /// Uploads a queued object and records the outcome in the queue. If the caller gives up
+    /// half way (its request was cancelled), the object goes back to waiting, and the next
+    /// flush uploads it (an upload that did land is recognised then).
+    pub(super) async fn run_upload(&self, seq: u64, object: Bytes) {
+        struct Unfinished<'a>(Option<&'a Engine>, u64);
+        impl Drop for Unfinished<'_> {
+            fn drop(&mut self) {
+                if let Some(engine) = self.0 {
+                    engine.set_upload_state(self.1, UploadState::Waiting);
+                }
+            }
+        }
+        let mut unfinished = Unfinished(Some(self), seq);
+        let started = std::time::Instant::now();
+        let result = self.upload(seq, object).await;
+        unfinished.0 = None;
+        tracing::debug!(
+            seq,
+            upload_us = started.elapsed().as_micros() as u64,
+            ok = result.is_ok(),
+            "uploaded"
+        );
+        if result.is_ok() {
+            self.inner.upload_failing.store(false, Ordering::Release);
+        }
+        self.set_upload_state(
+            seq,
+            match result {
+                Ok(()) => UploadState::Stored,
+                Err(e) => UploadState::Failed(e.to_string()),
+            },
+        );
+    }
+
+    pub(super) fn set_upload_state(&self, seq: u64, state: UploadState) {
+        if let Some(s) = self.inner.queue.lock().iter_mut().find(|s| s.seq == seq) {
+            s.upload = state;
+        }
+        self.inner.stored_notify.notify_waiters();
+    }
+
+    pub(super) async fn upload(&self, seq: u64, object: Bytes) -> Result<(), EngineError> {
+        let key = logobj::log_key(seq);
+        match self
+            .inner
+            .bucket
+            .put(&key, object.clone(), PutMode::Create)
+            .await
+        {
+            Ok(()) => Ok(()),
+            // An earlier attempt that reported failure (a timeout) may have stored it after all.
+            Err(StoreError::AlreadyExists(_))
+                if self
+                    .inner
+                    .bucket
+                    .get(&key)
+                    .await
+                    .is_ok_and(|stored| stored == object) =>
+            {
+                Ok(())
+            }
+            Err(StoreError::AlreadyExists(_)) => {
+                let why = format!(
+                    "{key} was written by another process: a second writer is using this bucket"
+                );
+                tracing::error!("{why}");
+                *self.inner.poisoned.lock() = Some(why.clone());
+                Err(EngineError::Poisoned(why))
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Makes an uploaded log object the committed state.
+    pub(super) fn commit(&self, ctl: &mut UploadCtl, sealed: &Sealed) {
+        let (seq, object) = (sealed.seq, &sealed.object);
+        let mut evicted = Vec::new();
+        let snapshot = {
+            let mut st = self.inner.state.lock();
+            let batch = st
+                .flushing
+                .pop_front()
+                .expect("a committed batch was flushing");
+            assert_eq!(
+                batch.gen, sealed.gen,
+                "batches commit in the order they were frozen"
+            );
+            for op in sealed.ops.iter() {
+                st.committed.apply(op);
+            }
+            for ((ino, index), d) in &batch.extents {
+                match d {
+                    Dirty::Data(buf) => {
+                        if let Some((_, old)) = st.clean.push((*ino, *index), buf.clone()) {
+                            evicted.push(old);
+                        }
+                    }
+                    // Unchanged contents: what the memory tier holds of it is still right, and
+                    // leaving it out keeps the collector's cold extents from evicting hot ones.
+                    Dirty::Moved(_) => {}
+                    Dirty::Hole => {
+                        st.clean.pop(&(*ino, *index));
+                    }
+                }
+            }
+            st.commit_gen += 1;
+            // Counted before the flushes waiting for it can return: a caller that reads the
+            // counters after its flush sees its object in them.
+            let c = &self.inner.counters;
+            c.log_objects_written.fetch_add(1, Ordering::Relaxed);
+            c.log_bytes_written
+                .fetch_add(object.len() as u64, Ordering::Relaxed);
+            self.inner
+                .durable_gen
+                .fetch_max(batch.gen, Ordering::AcqRel);
+            ctl.log_bytes_since_checkpoint += object.len() as u64;
+            let due = seq
+                >= ctl.checkpoint_seq
+                    + log_objects_per_checkpoint(st.committed.extent_count() as u64)
+                || ctl.log_bytes_since_checkpoint >= LOG_BYTES_PER_CHECKPOINT;
+            (due && !self.inner.checkpoint_running.swap(true, Ordering::AcqRel))
+                .then(|| st.committed.clone())
+        };
+        // Outside the lock, and after the batch is gone (it may hold some of the same extents).
+        self.inner.extent_buffers.give_back(evicted);
+        ctl.known_logs.insert(seq, object.len() as u64);
+        self.inner
+            .log_bytes_stored
+            .fetch_add(object.len() as u64, Ordering::Relaxed);
+        if self.inner.disk_cache.is_some() {
+            // Up to PENDING_BYTES_MAX of file writes: not on an async worker.
+            let (engine, object) = (self.clone(), object.clone());
+            tokio::task::spawn_blocking(move || {
+                if let Some(c) = &engine.inner.disk_cache {
+                    c.put_object(seq, &object);
+                }
+            });
+        }
+        self.inner.last_commit_us.store(
+            self.inner.epoch.elapsed().as_micros() as u64,
+            Ordering::Release,
+        );
+        if let Some(state) = snapshot {
+            let covered = self.begin_checkpoint(ctl, seq);
+            let engine = self.clone();
+            tokio::spawn(async move {
+                // Cleared however the task ends (a panic included), so the next one can run.
+                let _running = ClearOnDrop(&engine.inner.checkpoint_running);
+                if let Err(e) = engine
+                    .checkpoint_and_collect(seq, state, covered, Repack::Yes)
+                    .await
+                {
+                    tracing::error!(seq, error = %e, "checkpoint failed; the log keeps growing until the next one");
+                }
+            });
+        }
+    }
+}

@@ -1,0 +1,222 @@
+//! Checkpoints: the committed metadata written as of a log object, so that opening replays
+//! only what follows it, and the collection of what it made unnecessary.
+
+use super::*;
+
+/// What a checkpoint covers: the log objects (the candidates for collection) with their sizes
+/// in bytes, those among them old enough for re-sealing and for repacking when fragmented (up
+/// to `aged_through`, covered by a checkpoint begun at least `reseal_after` earlier), and the
+/// bytes of the log objects written since the checkpoint before.
+pub(super) struct Covered {
+    pub(super) logs: Vec<(u64, u64)>,
+    pub(super) aged_through: u64,
+    pub(super) log_bytes: u64,
+}
+
+impl Engine {
+    /// Starts the interval of the checkpoint as of log object `seq` (the caller holds the
+    /// committed map as of `seq` and has set `checkpoint_running`); returns what it covers.
+    pub(super) fn begin_checkpoint(&self, ctl: &mut UploadCtl, seq: u64) -> Covered {
+        self.inner
+            .repacked_uncollected
+            .store(false, Ordering::Release);
+        ctl.checkpoint_seq = seq;
+        let log_bytes = std::mem::take(&mut ctl.log_bytes_since_checkpoint);
+        // The newest earlier checkpoint begun at least `reseal_after` ago: what it covered has
+        // been live that long. Under fsync-heavy load checkpoints come every few seconds, so
+        // their count says nothing of age.
+        let now = std::time::Instant::now();
+        let old_enough =
+            |at: &std::time::Instant| now.duration_since(*at) >= self.inner.reseal_after;
+        while ctl.checkpoints_begun.len() > 1 && old_enough(&ctl.checkpoints_begun[1].1) {
+            ctl.checkpoints_begun.pop_front();
+        }
+        let aged_through = match ctl.checkpoints_begun.front() {
+            Some((s, at)) if old_enough(at) => *s,
+            _ => 0,
+        };
+        ctl.checkpoints_begun.push_back((seq, now));
+        Covered {
+            logs: ctl
+                .known_logs
+                .range(..=seq)
+                .map(|(s, bytes)| (*s, *bytes))
+                .collect(),
+            aged_through,
+            log_bytes,
+        }
+    }
+
+    /// Checks a few times per `quiet` whether the engine has been quiet that long with enough
+    /// log objects since the last checkpoint, and writes one then (QUIET_CHECKPOINT_AFTER_MS).
+    pub(super) fn spawn_quiet_checkpoints(&self, quiet: Duration) {
+        let weak = Arc::downgrade(&self.inner);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(quiet / 4);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(inner) = weak.upgrade() else { return };
+                let engine = Engine { inner };
+                if let Err(e) = engine.checkpoint_if_quiet(quiet).await {
+                    tracing::error!(error = %e, "quiet checkpoint failed; the next regular one collects instead");
+                }
+            }
+        });
+    }
+
+    /// When quiet: a checkpoint if enough log objects await one, repacking the sparse ones;
+    /// then, if the last checkpoint (that one or a regular one) repacked extents, one more
+    /// that only collects, so that the objects the extents were moved out of are deleted too
+    /// (before they turn into files of a `file://` bucket). It does not repack, so after it
+    /// nothing is due until the next commit: an idle engine makes no requests.
+    pub(super) async fn checkpoint_if_quiet(&self, quiet: Duration) -> Result<(), EngineError> {
+        let quiet_since = Duration::from_micros(self.inner.last_commit_us.load(Ordering::Acquire));
+        if self.inner.epoch.elapsed().saturating_sub(quiet_since) < quiet
+            || self.inner.poisoned.lock().is_some()
+        {
+            return Ok(());
+        }
+        let since_checkpoint = |ctl: &UploadCtl| {
+            ctl.known_logs
+                .last_key_value()
+                .map_or(0, |(s, _)| s.saturating_sub(ctl.checkpoint_seq))
+        };
+        self.quiet_checkpoint(
+            |ctl, st| {
+                since_checkpoint(ctl) * QUIET_CHECKPOINT_FRACTION
+                    >= log_objects_per_checkpoint(st.committed.extent_count() as u64)
+            },
+            Repack::Yes,
+        )
+        .await?;
+        self.quiet_checkpoint(
+            |ctl, _| {
+                since_checkpoint(ctl) > 0 && self.inner.repacked_uncollected.load(Ordering::Acquire)
+            },
+            Repack::No,
+        )
+        .await
+    }
+
+    /// Writes a checkpoint as of the last committed log object, and collects, if `due` says
+    /// so and none is running. Commits wait meanwhile only for the map's clone.
+    pub(super) async fn quiet_checkpoint(
+        &self,
+        due: impl Fn(&UploadCtl, &State) -> bool,
+        repack: Repack,
+    ) -> Result<(), EngineError> {
+        // Commits happen under `upload`: holding it, the map is exactly as of the last one.
+        let (seq, state, covered) = {
+            let mut ctl = self.inner.upload.lock().await;
+            let snapshot = {
+                let st = self.inner.state.lock();
+                (due(&ctl, &st) && !self.inner.checkpoint_running.swap(true, Ordering::AcqRel))
+                    .then(|| st.committed.clone())
+            };
+            let Some(state) = snapshot else {
+                return Ok(());
+            };
+            let seq = *ctl
+                .known_logs
+                .last_key_value()
+                .expect("a due checkpoint follows a committed log object")
+                .0;
+            (seq, state, self.begin_checkpoint(&mut ctl, seq))
+        };
+        let _running = ClearOnDrop(&self.inner.checkpoint_running);
+        tracing::debug!(seq, "quiet: writing a checkpoint");
+        self.checkpoint_and_collect(seq, state, covered, repack)
+            .await
+    }
+
+    /// Writes a checkpoint as of log object `seq`, then deletes what it made unnecessary: older
+    /// checkpoints and log objects up to `seq` that hold no live extent; then repacks those
+    /// that hold few live extents, and re-seals long-lived lz4 frames, so that the next
+    /// checkpoint can delete the objects they leave.
+    pub(super) async fn checkpoint_and_collect(
+        &self,
+        seq: u64,
+        state: MetaState,
+        covered: Covered,
+        repack: Repack,
+    ) -> Result<(), EngineError> {
+        let engine = self.clone();
+        let (object, state) = tokio::task::spawn_blocking(move || {
+            let mut scratch = engine.inner.checkpoint_scratch.lock();
+            let object = logobj::encode_checkpoint(&engine.inner.sealer, seq, &state, &mut scratch);
+            (object, state)
+        })
+        .await
+        .expect("encoding does not panic");
+        self.inner
+            .bucket
+            .put(
+                &logobj::checkpoint_key(seq),
+                Bytes::from(object),
+                PutMode::Create,
+            )
+            .await?;
+        self.inner
+            .counters
+            .checkpoints_written
+            .fetch_add(1, Ordering::Relaxed);
+        for old in self.inner.bucket.list("checkpoint/").await? {
+            if logobj::parse_seq(&old.key, "checkpoint").is_some_and(|s| s < seq) {
+                self.inner
+                    .bucket
+                    .delete(&old.key, DeleteMode::Garbage)
+                    .await?;
+            }
+        }
+        // Live bytes of a log object only ever fall (new pointers point at new objects), so an
+        // object found dead here stays dead.
+        let (dead, live): (Vec<(u64, u64)>, Vec<(u64, u64)>) = {
+            let st = self.inner.state.lock();
+            covered
+                .logs
+                .iter()
+                .partition(|(s, _)| st.committed.live_bytes(*s) == 0)
+        };
+        let deleted: Vec<u64> = futures::stream::iter(dead)
+            .map(|(s, _)| async move {
+                self.inner
+                    .bucket
+                    .delete(&logobj::log_key(s), DeleteMode::Garbage)
+                    .await
+                    .map(|()| s)
+            })
+            .buffer_unordered(DELETE_CONCURRENCY)
+            .try_collect()
+            .await?;
+        {
+            // Not held any longer: the repack below flushes, and committing needs it.
+            let mut ctl = self.inner.upload.lock().await;
+            for s in &deleted {
+                if let Some(bytes) = ctl.known_logs.remove(s) {
+                    self.inner
+                        .log_bytes_stored
+                        .fetch_sub(bytes, Ordering::Relaxed);
+                }
+                if let Some(c) = &self.inner.disk_cache {
+                    c.drop_object(*s);
+                }
+            }
+        }
+        self.inner
+            .counters
+            .log_objects_deleted
+            .fetch_add(deleted.len() as u64, Ordering::Relaxed);
+        tracing::info!(seq, "checkpoint written");
+        if repack == Repack::No {
+            return Ok(());
+        }
+        if let Err(e) = self
+            .repack(&state, &live.into_iter().collect(), &covered)
+            .await
+        {
+            tracing::warn!(seq, error = %e, "moving extents out of log objects failed; they stay until a later checkpoint tries again");
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,258 @@
+//! The collector's moves: extents rewritten, unchanged, out of log objects it wants dead
+//! (sparse, fragmented, or holding long-lived lz4 frames).
+
+use super::*;
+
+/// Of `objects` (sequence number, live bytes, size in bytes), the fragmented ones (at most
+/// REPACK_LIVE_PERCENT_MAX percent live), least live first, as many as `budget` live bytes
+/// allow (but at least one): moving their live bytes gives back the most space per byte moved.
+pub(super) fn fragmented_objects(objects: &[(u64, u64, u64)], budget: u64) -> HashSet<u64> {
+    let mut fragmented: Vec<(u64, u64, u64)> = objects
+        .iter()
+        .copied()
+        .filter(|&(_, live, size)| live * 100 <= size * REPACK_LIVE_PERCENT_MAX)
+        .collect();
+    // By live / size, compared without division.
+    fragmented.sort_unstable_by(|a, b| {
+        (u128::from(a.1) * u128::from(b.2)).cmp(&(u128::from(b.1) * u128::from(a.2)))
+    });
+    let mut moved = 0;
+    let mut chosen = HashSet::new();
+    for (seq, live, _) in fragmented {
+        if !chosen.is_empty() && moved + live > budget {
+            break;
+        }
+        moved += live;
+        chosen.insert(seq);
+    }
+    chosen
+}
+
+/// The leading `extents` (sorted by object) of whole objects, as many objects as fit in `max`
+/// extents (but at least one): moving part of an object would not let it die.
+pub(super) fn whole_objects_up_to(
+    extents: impl Iterator<Item = (u64, u64, ExtentPtr)>,
+    max: usize,
+) -> Vec<(u64, u64, ExtentPtr)> {
+    let mut taken: Vec<(u64, u64, ExtentPtr)> = Vec::new();
+    let mut object_start = 0;
+    for extent in extents {
+        if taken.last().is_some_and(|(_, _, p)| p.seq != extent.2.seq) {
+            if taken.len() >= max {
+                break;
+            }
+            object_start = taken.len();
+        }
+        taken.push(extent);
+    }
+    // The last object taken went past `max`: leave it, unless it is the only one.
+    if taken.len() > max && object_start > 0 {
+        taken.truncate(object_start);
+    }
+    taken
+}
+
+/// Whether a checkpoint's collection also moves extents out of objects (`Engine::repack`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Repack {
+    Yes,
+    No,
+}
+
+impl Engine {
+    /// Moves extents, unchanged, out of log objects the checkpoint `state` covers, into new
+    /// log objects, so that the old ones die and the next checkpoint deletes them:
+    /// - the extents of those `live` objects (sequence number to size in bytes) that hold only
+    ///   a few (REPACK_LIVE_EXTENTS_MAX): a few extents that are never overwritten would
+    ///   otherwise keep each object alive;
+    /// - of the `live` objects `covered` finds aged (covered by a checkpoint begun at least
+    ///   `reseal_after` ago), the fragmented ones (`fragmented_objects`), up to as many live
+    ///   bytes as the log objects of the interval took (at least REPACK_FRAGMENTED_BYTES_MIN,
+    ///   at most LOG_BYTES_PER_CHECKPOINT, the most an interval writes while it keeps up):
+    ///   overwritten in place, a device's large objects would otherwise keep their garbage for
+    ///   as long as a few of their extents stay;
+    /// - with zstd configured, the extents of whole aged objects that hold lz4 frames: they
+    ///   have been live that long, so they are likely to stay, and zstd stores them in about
+    ///   half the bytes.
+    ///
+    /// An extent written again meanwhile is left alone (the write kills its old frame anyway).
+    /// Contents never change, so the atomic prefix a crash leaves is unaffected.
+    pub(super) async fn repack(
+        &self,
+        state: &MetaState,
+        live: &HashMap<u64, u64>,
+        covered: &Covered,
+    ) -> Result<(), EngineError> {
+        let live_seqs: HashSet<u64> = live.keys().copied().collect();
+        let mut sparse = state.extents_of_sparse_objects(&live_seqs, REPACK_LIVE_EXTENTS_MAX);
+        let sparse_seqs: HashSet<u64> = sparse.iter().map(|(_, _, p)| p.seq).collect();
+        sparse.truncate(REPACK_EXTENTS_MAX);
+        let aged: Vec<(u64, u64, u64)> = live
+            .iter()
+            .filter(|(seq, _)| **seq <= covered.aged_through && !sparse_seqs.contains(seq))
+            .map(|(seq, size)| (*seq, state.live_bytes(*seq), *size))
+            .collect();
+        let budget = covered
+            .log_bytes
+            .clamp(REPACK_FRAGMENTED_BYTES_MIN, LOG_BYTES_PER_CHECKPOINT);
+        let fragmented = state.extents_of_objects(&fragmented_objects(&aged, budget));
+        // Sparse objects are repacking's, within its own budget: under fsync-heavy load they
+        // are many, and re-sealing is for the dense ones.
+        let lz4 = match self.inner.codec {
+            Codec::Zstd => whole_objects_up_to(
+                state
+                    .extents_of_lz4_objects(covered.aged_through, REPACK_LIVE_EXTENTS_MAX)
+                    .into_iter(),
+                RESEAL_EXTENTS_MAX,
+            ),
+            Codec::Lz4 | Codec::None => Vec::new(),
+        };
+        tracing::debug!(
+            sparse = sparse.len(),
+            fragmented = fragmented.len(),
+            lz4 = lz4.len(),
+            aged_through = covered.aged_through,
+            "moving extents out of covered log objects"
+        );
+        let c = &self.inner.counters;
+        self.move_extents(&sparse, &c.extents_repacked).await?;
+        self.move_extents(&fragmented, &c.extents_defragmented)
+            .await?;
+        // Extents of fragmented objects that held lz4 frames are moved already: the move skips
+        // what no longer points where the checkpoint saw it.
+        self.move_extents(&lz4, &c.extents_resealed).await
+    }
+
+    /// Moves `extents` (inode, index, pointer as the checkpoint has it) by flushes of up to
+    /// REPACK_EXTENTS_PER_OBJECT, counting those moved in `moved_count`. Client flushes queued
+    /// behind one wait for a few milliseconds of sealing, not for all of it (and in a `file://`
+    /// bucket each object stays small enough for the journal).
+    pub(super) async fn move_extents(
+        &self,
+        extents: &[(u64, u64, ExtentPtr)],
+        moved_count: &AtomicU64,
+    ) -> Result<(), EngineError> {
+        let unchanged = |st: &State, ino: u64, index: u64, ptr: ExtentPtr| {
+            st.committed.extent(ino, index) == Some(ptr)
+                && st
+                    .newest_first()
+                    .all(|b| !b.extents.contains_key(&(ino, index)))
+        };
+        for chunk in extents.chunks(REPACK_EXTENTS_PER_OBJECT) {
+            // The plaintext: from the memory tier while it is there (it usually is for
+            // extents written since the last checkpoint or so), else fetched.
+            let mut found = Vec::with_capacity(chunk.len());
+            let mut missing: BTreeMap<u64, Vec<(u64, ExtentPtr)>> = BTreeMap::new();
+            {
+                let st = self.inner.state.lock();
+                for &(ino, index, ptr) in chunk {
+                    if !unchanged(&st, ino, index, ptr) {
+                        continue;
+                    }
+                    match st.clean.peek(&(ino, index)) {
+                        Some(data) => found.push((ino, index, ptr, data.clone())),
+                        None => missing.entry(ino).or_default().push((index, ptr)),
+                    }
+                }
+            }
+            for (ino, wanted) in missing {
+                let ptrs: HashMap<u64, ExtentPtr> = wanted.iter().copied().collect();
+                for (index, data) in self.fetch(ino, &wanted).await? {
+                    found.push((ino, index, ptrs[&index], data));
+                }
+            }
+            let moved = {
+                let mut st = self.inner.state.lock();
+                let mut moved = 0;
+                for (ino, index, ptr, data) in found {
+                    if unchanged(&st, ino, index, ptr) {
+                        st.pending.extents.insert((ino, index), Dirty::Moved(data));
+                        moved += 1;
+                    }
+                }
+                if moved > 0 {
+                    st.write_gen += 1;
+                }
+                moved
+            };
+            if moved == 0 {
+                continue;
+            }
+            moved_count.fetch_add(moved, Ordering::Relaxed);
+            tracing::debug!(
+                extents = moved,
+                "moving extents out of objects the collector wants dead"
+            );
+            self.barrier(Waiting::Engine).await?;
+            self.inner
+                .repacked_uncollected
+                .store(true, Ordering::Release);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fragmented_objects_are_the_least_live_within_the_budget_and_at_least_one() {
+        // (seq, live bytes, size): 40 %, 10 %, 50 %, 51 % and 0.5 % live.
+        let objects = [
+            (1, 40, 100),
+            (2, 10, 100),
+            (3, 500, 1000),
+            (4, 51, 100),
+            (5, 5, 1000),
+        ];
+        let chosen = |budget| {
+            let mut seqs: Vec<u64> = fragmented_objects(&objects, budget).into_iter().collect();
+            seqs.sort_unstable();
+            seqs
+        };
+        assert_eq!(chosen(1), vec![5], "one, though over the budget");
+        assert_eq!(chosen(15), vec![2, 5]);
+        assert_eq!(chosen(54), vec![2, 5]);
+        assert_eq!(chosen(55), vec![1, 2, 5]);
+        assert_eq!(
+            chosen(10_000),
+            vec![1, 2, 3, 5],
+            "51 % live is not fragmented"
+        );
+        assert!(fragmented_objects(&[(1, 60, 100)], 1000).is_empty());
+    }
+
+    #[test]
+    fn whole_objects_up_to_takes_whole_objects_and_at_least_one() {
+        // Objects 1, 2 and 3 hold 3, 2 and 4 extents.
+        let extents: Vec<(u64, u64, ExtentPtr)> = [1, 1, 1, 2, 2, 3, 3, 3, 3]
+            .iter()
+            .enumerate()
+            .map(|(i, &seq)| {
+                let ptr = ExtentPtr {
+                    seq,
+                    offset: i as u32,
+                    length: 1,
+                };
+                (7, i as u64, ptr)
+            })
+            .collect();
+        let objects = |max| {
+            let mut seqs: Vec<u64> = whole_objects_up_to(extents.iter().copied(), max)
+                .iter()
+                .map(|(_, _, p)| p.seq)
+                .collect();
+            seqs.dedup();
+            seqs
+        };
+        assert_eq!(objects(1), vec![1], "one object, though larger than max");
+        assert_eq!(objects(3), vec![1]);
+        assert_eq!(objects(4), vec![1]);
+        assert_eq!(objects(5), vec![1, 2]);
+        assert_eq!(objects(8), vec![1, 2]);
+        assert_eq!(objects(9), vec![1, 2, 3]);
+        assert_eq!(objects(100), vec![1, 2, 3]);
+        assert!(whole_objects_up_to(std::iter::empty(), 5).is_empty());
+    }
+}

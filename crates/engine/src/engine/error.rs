@@ -1,0 +1,27 @@
+//! The engine's errors.
+
+use super::*;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Key(#[from] KeyError),
+    #[error(transparent)]
+    Lease(#[from] LeaseError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("corrupted object: {0}")]
+    Corrupt(String),
+    #[error("the bucket is open read-only")]
+    ReadOnly,
+    #[error("the bucket has no bucketfs filesystem yet; start a writer once to create it")]
+    NotInitialised,
+    #[error("writes are refused after a failure on the durable path: {0}; restart bucketfs")]
+    Poisoned(String),
+}
+
+impl From<ObjectError> for EngineError {
+    fn from(e: ObjectError) -> Self {
+        EngineError::Corrupt(e.to_string())
+    }
+}

@@ -1,0 +1,426 @@
+//! Reads and writes of file data and metadata key-value pairs, against the overlay.
+
+use super::*;
+
+/// What a mutation writes into a range.
+#[derive(Clone, Copy)]
+pub enum Fill<'a> {
+    Data(&'a [u8]),
+    /// Zeroes; whole extents are deallocated when `punch` is true.
+    Zeroes {
+        punch: bool,
+    },
+}
+
+/// A key-value change of the filesystem core, applied atomically with the others of one call.
+#[derive(Debug, Clone)]
+pub enum KvChange {
+    Put(Vec<u8>, Vec<u8>),
+    Delete(Vec<u8>),
+}
+
+/// The part of extent `index` that `offset..offset+length` covers, as a byte range in the extent.
+pub(super) fn extent_span(index: u64, offset: u64, length: u64) -> (usize, usize) {
+    let base = index * EXTENT_SIZE_BYTES_U64;
+    let start = offset.max(base) - base;
+    let end = (offset + length).min(base + EXTENT_SIZE_BYTES_U64) - base;
+    (start as usize, end as usize)
+}
+
+impl Engine {
+    /// Writes `fill` into `ino` at `offset` (`length` bytes), atomically.
+    pub async fn write(
+        &self,
+        ino: u64,
+        offset: u64,
+        length: u64,
+        fill: Fill<'_>,
+    ) -> Result<(), EngineError> {
+        self.check_writable()?;
+        if length == 0 {
+            return Ok(());
+        }
+        if let Fill::Data(d) = fill {
+            assert_eq!(d.len() as u64, length, "data length matches the range");
+        }
+        self.make_room().await?;
+        let first = offset / EXTENT_SIZE_BYTES_U64;
+        let last = (offset + length - 1) / EXTENT_SIZE_BYTES_U64;
+        // Whole extents of new data are copied out before the state lock is taken: copying (and,
+        // in fresh memory, faulting in) a large write's pages under the lock stalled every other
+        // request (perf, 1 MiB sequential writes).
+        let mut whole_extents = match fill {
+            Fill::Data(d) => (first..=last)
+                .filter_map(|index| {
+                    let (start, end) = extent_span(index, offset, length);
+                    let at = (index * EXTENT_SIZE_BYTES_U64 - offset) as usize;
+                    (start == 0 && end == EXTENT_SIZE_BYTES).then(|| {
+                        self.inner
+                            .extent_buffers
+                            .copy_of(&d[at..at + EXTENT_SIZE_BYTES])
+                    })
+                })
+                .collect(),
+            Fill::Zeroes { .. } => Vec::new(),
+        }
+        .into_iter();
+        loop {
+            // Partial extents need their current content first; fetch those that are neither in
+            // memory nor holes, outside the lock, then try again.
+            let (missing, commit_gen) = {
+                let mut st = self.inner.state.lock();
+                let mut missing = Vec::new();
+                for index in [first, last] {
+                    let (start, end) = extent_span(index, offset, length);
+                    if start == 0 && end == EXTENT_SIZE_BYTES {
+                        continue;
+                    }
+                    if let Found::Stored(ptr) = st.find(ino, index) {
+                        if !missing.iter().any(|(i, _)| *i == index) {
+                            missing.push((index, ptr));
+                        }
+                    }
+                }
+                if missing.is_empty() {
+                    self.apply_write(&mut st, ino, offset, length, fill, &mut whole_extents);
+                    st.write_gen += 1;
+                    let pending_bytes = st.pending.data_bytes();
+                    drop(st);
+                    self.write_behind(pending_bytes);
+                    return Ok(());
+                }
+                (missing, st.commit_gen)
+            };
+            let fetched = self.fetch(ino, &missing).await?;
+            let mut st = self.inner.state.lock();
+            if st.commit_gen == commit_gen {
+                for (index, data) in fetched {
+                    st.clean.put((ino, index), data);
+                }
+            }
+        }
+    }
+
+    /// Applies a write to the pending batch; `whole_extents` holds the copies of the whole
+    /// extents of `Fill::Data`, in order.
+    pub(super) fn apply_write(
+        &self,
+        st: &mut State,
+        ino: u64,
+        offset: u64,
+        length: u64,
+        fill: Fill<'_>,
+        whole_extents: &mut impl Iterator<Item = Arc<Vec<u8>>>,
+    ) {
+        let first = offset / EXTENT_SIZE_BYTES_U64;
+        let last = (offset + length - 1) / EXTENT_SIZE_BYTES_U64;
+        for index in first..=last {
+            let (start, end) = extent_span(index, offset, length);
+            let whole = start == 0 && end == EXTENT_SIZE_BYTES;
+            let src_at = (index * EXTENT_SIZE_BYTES_U64 + start as u64 - offset) as usize;
+            if whole {
+                match fill {
+                    Fill::Zeroes { punch: true } => {
+                        st.punch(ino, index);
+                        continue;
+                    }
+                    Fill::Zeroes { punch: false } => {
+                        st.pending.extents.insert(
+                            (ino, index),
+                            Dirty::Data(Arc::new(vec![0; EXTENT_SIZE_BYTES])),
+                        );
+                        continue;
+                    }
+                    Fill::Data(_) => {
+                        let data = whole_extents
+                            .next()
+                            .expect("every whole extent was copied beforehand");
+                        st.pending.extents.insert((ino, index), Dirty::Data(data));
+                        continue;
+                    }
+                }
+            }
+            let mut buf = match st.pending.extents.remove(&(ino, index)) {
+                Some(Dirty::Data(d) | Dirty::Moved(d)) => d,
+                Some(Dirty::Hole) => Arc::new(vec![0; EXTENT_SIZE_BYTES]),
+                None => match st.find(ino, index) {
+                    Found::Data(d) => d,
+                    Found::Zero => Arc::new(vec![0; EXTENT_SIZE_BYTES]),
+                    Found::Stored(_) => {
+                        unreachable!("write() fetched every partial extent's base first")
+                    }
+                },
+            };
+            let target = &mut Arc::make_mut(&mut buf)[start..end];
+            match fill {
+                Fill::Data(d) => target.copy_from_slice(&d[src_at..src_at + (end - start)]),
+                Fill::Zeroes { .. } => target.fill(0),
+            }
+            st.pending.extents.insert((ino, index), Dirty::Data(buf));
+        }
+        assert!(
+            whole_extents.next().is_none(),
+            "no copied extent is left over"
+        );
+    }
+
+    pub async fn read(&self, ino: u64, offset: u64, length: usize) -> Result<Vec<u8>, EngineError> {
+        loop {
+            match self.read_once(ino, offset, length).await {
+                // The log object was collected after its extents were overwritten while this read
+                // was under way: look the extents up again.
+                Err((EngineError::Store(StoreError::NotFound(_)), commit_gen))
+                    if commit_gen != self.inner.state.lock().commit_gen => {}
+                other => return other.map_err(|(e, _)| e),
+            }
+        }
+    }
+
+    pub(super) async fn read_once(
+        &self,
+        ino: u64,
+        offset: u64,
+        length: usize,
+    ) -> Result<Vec<u8>, (EngineError, u64)> {
+        let mut out = vec![0u8; length];
+        if length == 0 {
+            return Ok(out);
+        }
+        let first = offset / EXTENT_SIZE_BYTES_U64;
+        let last = (offset + length as u64 - 1) / EXTENT_SIZE_BYTES_U64;
+        let mut found = Vec::with_capacity((last - first + 1) as usize);
+        let mut missing = Vec::new();
+        let commit_gen = {
+            let mut st = self.inner.state.lock();
+            for index in first..=last {
+                match st.find(ino, index) {
+                    Found::Data(d) => found.push((index, d)),
+                    Found::Zero => {}
+                    Found::Stored(ptr) => missing.push((index, ptr)),
+                }
+            }
+            st.commit_gen
+        };
+        if !missing.is_empty() {
+            let fetched = self
+                .fetch(ino, &missing)
+                .await
+                .map_err(|e| (e, commit_gen))?;
+            let mut st = self.inner.state.lock();
+            if st.commit_gen == commit_gen {
+                for (index, data) in &fetched {
+                    st.clean.put((ino, *index), data.clone());
+                }
+            }
+            drop(st);
+            found.extend(fetched);
+        }
+        for (index, data) in found {
+            let (start, end) = extent_span(index, offset, length as u64);
+            let dst = (index * EXTENT_SIZE_BYTES_U64 + start as u64 - offset) as usize;
+            out[dst..dst + end - start].copy_from_slice(&data[start..end]);
+        }
+        Ok(out)
+    }
+
+    /// Fetches and decodes stored extents, coalescing neighbours in one log object into one GET.
+    pub(super) async fn fetch(
+        &self,
+        ino: u64,
+        wanted: &[(u64, ExtentPtr)],
+    ) -> Result<Vec<(u64, Arc<Vec<u8>>)>, EngineError> {
+        let mut sorted = wanted.to_vec();
+        sorted.sort_by_key(|(_, p)| (p.seq, p.offset));
+        let mut groups: Vec<Vec<(u64, ExtentPtr)>> = Vec::new();
+        for item in sorted {
+            match groups.last_mut() {
+                Some(g)
+                    if {
+                        let prev = g.last().expect("groups are never empty").1;
+                        prev.seq == item.1.seq
+                            && u64::from(item.1.offset)
+                                <= u64::from(prev.offset)
+                                    + u64::from(prev.length)
+                                    + READ_COALESCE_GAP_BYTES
+                    } =>
+                {
+                    g.push(item)
+                }
+                _ => groups.push(vec![item]),
+            }
+        }
+        let results: Vec<Vec<(u64, Arc<Vec<u8>>)>> = futures::stream::iter(groups)
+            .map(|g| self.fetch_group(ino, g))
+            .buffer_unordered(READ_FETCH_CONCURRENCY)
+            .try_collect()
+            .await?;
+        Ok(results.into_iter().flatten().collect())
+    }
+
+    pub(super) async fn fetch_group(
+        &self,
+        ino: u64,
+        group: Vec<(u64, ExtentPtr)>,
+    ) -> Result<Vec<(u64, Arc<Vec<u8>>)>, EngineError> {
+        let seq = group[0].1.seq;
+        let key = logobj::log_key(seq);
+        let mut frames: Vec<Option<Bytes>> = group
+            .iter()
+            .map(|(_, p)| {
+                self.inner
+                    .disk_cache
+                    .as_ref()
+                    .and_then(|c| c.get(p.seq, p.offset, p.length))
+                    .map(Bytes::from)
+            })
+            .collect();
+        if frames.iter().any(|f| f.is_none()) {
+            let lo = group
+                .iter()
+                .zip(&frames)
+                .filter(|(_, f)| f.is_none())
+                .map(|((_, p), _)| u64::from(p.offset))
+                .min()
+                .expect("some missing");
+            let hi = group
+                .iter()
+                .zip(&frames)
+                .filter(|(_, f)| f.is_none())
+                .map(|((_, p), _)| u64::from(p.offset) + u64::from(p.length))
+                .max()
+                .expect("some missing");
+            let bytes = self.inner.bucket.get_range(&key, lo..hi).await?;
+            for ((_, p), slot) in group.iter().zip(frames.iter_mut()) {
+                if slot.is_none() {
+                    let at = (u64::from(p.offset) - lo) as usize;
+                    let frame = bytes.slice(at..at + p.length as usize);
+                    if let Some(c) = &self.inner.disk_cache {
+                        c.put_frame(p.seq, p.offset, &frame);
+                    }
+                    *slot = Some(frame);
+                }
+            }
+        }
+        let mut out = Vec::with_capacity(group.len());
+        for ((index, _), frame) in group.iter().zip(frames) {
+            let frame = frame.expect("every frame was filled above");
+            match frame::decode(&self.inner.sealer, ino, *index, &frame) {
+                Ok(plain) => out.push((*index, Arc::new(plain))),
+                Err(e) => {
+                    tracing::error!(object = %key, error = %e, "stored data failed verification; answering EIO");
+                    if let Some(c) = &self.inner.disk_cache {
+                        c.drop_object(seq);
+                    }
+                    return Err(EngineError::Corrupt(format!("{key}: {e}")));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Allocation map of `ino` over `offset..offset+length`: runs of (length, allocated).
+    pub fn allocation(&self, ino: u64, offset: u64, length: u64) -> Vec<(u64, bool)> {
+        if length == 0 {
+            return Vec::new();
+        }
+        let first = offset / EXTENT_SIZE_BYTES_U64;
+        let last = (offset + length - 1) / EXTENT_SIZE_BYTES_U64;
+        let st = self.inner.state.lock();
+        let mut allocated: BTreeSet<u64> = st
+            .committed
+            .extent_indexes(ino, first..last + 1)
+            .into_iter()
+            .collect();
+        for batch in st.oldest_first() {
+            for ((i, index), d) in &batch.extents {
+                if *i == ino && (first..=last).contains(index) {
+                    match d {
+                        Dirty::Data(_) | Dirty::Moved(_) => allocated.insert(*index),
+                        Dirty::Hole => allocated.remove(index),
+                    };
+                }
+            }
+        }
+        drop(st);
+        let mut runs: Vec<(u64, bool)> = Vec::new();
+        let end = offset + length;
+        let mut at = offset;
+        while at < end {
+            let index = at / EXTENT_SIZE_BYTES_U64;
+            let next = ((index + 1) * EXTENT_SIZE_BYTES_U64).min(end);
+            let a = allocated.contains(&index);
+            match runs.last_mut() {
+                Some((len, prev)) if *prev == a => *len += next - at,
+                _ => runs.push((next - at, a)),
+            }
+            at = next;
+        }
+        runs
+    }
+
+    /// Deallocates every extent of `ino` at or beyond `from_index` (file deletion, truncation).
+    pub fn drop_extents_from(&self, ino: u64, from_index: u64) -> Result<(), EngineError> {
+        self.check_writable()?;
+        let mut st = self.inner.state.lock();
+        let mut indexes: BTreeSet<u64> = st
+            .committed
+            .extent_indexes(ino, from_index..u64::MAX)
+            .into_iter()
+            .collect();
+        for batch in st.oldest_first() {
+            indexes.extend(
+                batch
+                    .extents
+                    .keys()
+                    .filter(|(i, x)| *i == ino && *x >= from_index)
+                    .map(|(_, x)| *x),
+            );
+        }
+        for index in indexes {
+            st.punch(ino, index);
+        }
+        st.write_gen += 1;
+        Ok(())
+    }
+
+    pub fn kv_get(&self, key: &[u8]) -> Option<Vec<u8>> {
+        self.inner.state.lock().kv_get(key)
+    }
+
+    /// Every pair whose key starts with `prefix`, in key order.
+    pub fn kv_scan(&self, prefix: &[u8]) -> Vec<(Vec<u8>, Vec<u8>)> {
+        let st = self.inner.state.lock();
+        let mut merged: BTreeMap<Vec<u8>, Option<Vec<u8>>> = st
+            .committed
+            .kv_range(prefix)
+            .map(|(k, v)| (k.clone(), Some(v.clone())))
+            .collect();
+        for batch in st.oldest_first() {
+            for (k, v) in batch
+                .kv
+                .range(prefix.to_vec()..)
+                .take_while(|(k, _)| k.starts_with(prefix))
+            {
+                merged.insert(k.clone(), v.clone());
+            }
+        }
+        merged
+            .into_iter()
+            .filter_map(|(k, v)| v.map(|v| (k, v)))
+            .collect()
+    }
+
+    /// Applies the changes atomically (all of them are in the same flush).
+    pub fn kv_commit(&self, changes: Vec<KvChange>) -> Result<(), EngineError> {
+        self.check_writable()?;
+        let mut st = self.inner.state.lock();
+        for c in changes {
+            match c {
+                KvChange::Put(k, v) => st.pending.kv.insert(k, Some(v)),
+                KvChange::Delete(k) => st.pending.kv.insert(k, None),
+            };
+        }
+        st.write_gen += 1;
+        Ok(())
+    }
+}

@@ -1,0 +1,154 @@
+//! The storage engine: file data in extents, metadata in a replayed log, one flush barrier.
+//!
+//! Every mutation is applied to the in-memory `pending` batch under one lock, so a batch holds
+//! the effect of a prefix of the acknowledged mutations. A flush freezes the batch, seals its
+//! extents into one log object together with its metadata ops, uploads it with a conditional
+//! create, and only then makes it the committed state. After a crash, the bucket holds exactly
+//! the flushed batches: a prefix of the acknowledged order, every mutation whole or absent.
+//! (docs/0001-bucket-layout-and-flush.md)
+//!
+//! The modules follow the life of a write: `io` applies it to the `overlay`; `write_behind` and
+//! `barrier` freeze, `seal` and upload it and commit it; `checkpoint` and `collector` keep the
+//! bucket small; `recovery` rebuilds the committed state at open.
+
+mod barrier;
+mod checkpoint;
+mod collector;
+mod error;
+mod io;
+mod options;
+mod overlay;
+mod recovery;
+mod seal;
+mod stats;
+mod write_behind;
+
+pub use error::EngineError;
+pub use io::{Fill, KvChange};
+pub use options::EngineOptions;
+pub use recovery::change_password;
+pub use stats::EngineStats;
+
+use barrier::{SealCtl, Sealed, UploadCtl, Waiting};
+use checkpoint::Covered;
+use collector::Repack;
+use overlay::{Batch, Dirty, Found, State};
+use stats::Counters;
+
+use crate::bucket::{DeleteMode, PutMode, SharedBucket, StoreError};
+use crate::cache::DiskCache;
+use crate::cadence::{BarrierCadence, WriteBehind};
+use crate::crypto::{KeyError, Sealer, Superblock};
+use crate::extent_buffers::ExtentBuffers;
+use crate::frame::{self, Codec, FRAME_BYTES_MAX};
+use crate::lease::{self, LeaseError, LockHolder};
+use crate::limits::*;
+use crate::logobj::{self, ObjectError, LOG_HEADER_BYTES};
+use crate::meta::{ExtentPtr, MetaOp, MetaState};
+use crate::object_buffer::{ObjectBuffer, ObjectBuffers};
+use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
+use parking_lot::Mutex;
+use serde::Serialize;
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::num::NonZeroUsize;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+pub const SUPERBLOCK_KEY: &str = "superblock.json";
+
+struct Inner {
+    bucket: SharedBucket,
+    sealer: Arc<Sealer>,
+    codec: Codec,
+    reseal_after: Duration,
+    read_only: bool,
+    state: Mutex<State>,
+    seal: tokio::sync::Mutex<SealCtl>,
+    upload: tokio::sync::Mutex<UploadCtl>,
+    /// Sealed objects not yet uploaded, in sequence order. A failed upload stays at the front
+    /// and is retried byte for byte (a PUT that secretly succeeded is then recognised).
+    queue: Mutex<VecDeque<Sealed>>,
+    durable_gen: AtomicU64,
+    poisoned: Mutex<Option<String>>,
+    disk_cache: Option<DiskCache>,
+    lock_holder: Option<LockHolder>,
+    checkpoint_running: AtomicBool,
+    /// When the last log object was committed (`Inner::epoch` + this many microseconds).
+    last_commit_us: AtomicU64,
+    /// The last checkpoint's collection repacked extents: the objects they left are dead,
+    /// but only the next checkpoint deletes them.
+    repacked_uncollected: AtomicBool,
+    /// When the engine was opened: the origin of `last_commit_us`.
+    epoch: std::time::Instant,
+    /// Buffers of the checkpoint being encoded (one at a time: see `checkpoint_running`).
+    checkpoint_scratch: Mutex<logobj::CheckpointScratch>,
+    object_buffers: Arc<ObjectBuffers>,
+    extent_buffers: ExtentBuffers,
+    background_flush: AtomicBool,
+    /// How often clients ask for barriers; write-behind runs while they are frequent enough.
+    barrier_cadence: BarrierCadence,
+    /// A write-behind flush is sealing or uploading (one at a time).
+    write_behind_running: AtomicBool,
+    /// Bytes of the log objects in the bucket (`UploadCtl::known_logs`), readable without
+    /// its lock.
+    log_bytes_stored: AtomicU64,
+    /// The last upload failed (its object is still queued).
+    upload_failing: AtomicBool,
+    /// Wakes writers waiting for room when an upload commits.
+    committed_notify: tokio::sync::Notify,
+    /// Wakes flushes waiting for an upload to finish (stored or failed).
+    stored_notify: tokio::sync::Notify,
+    counters: Counters,
+}
+
+#[derive(Clone)]
+pub struct Engine {
+    inner: Arc<Inner>,
+}
+
+impl Engine {
+    pub fn read_only(&self) -> bool {
+        self.inner.read_only
+    }
+
+    fn has_unflushed(&self) -> bool {
+        let st = self.inner.state.lock();
+        st.write_gen > self.inner.durable_gen.load(Ordering::Acquire) || !st.flushing.is_empty()
+    }
+
+    fn check_writable(&self) -> Result<(), EngineError> {
+        if self.inner.read_only {
+            return Err(EngineError::ReadOnly);
+        }
+        if let Some(why) = &*self.inner.poisoned.lock() {
+            return Err(EngineError::Poisoned(why.clone()));
+        }
+        Ok(())
+    }
+
+    /// Flushes, then gives up the writer lock. The engine refuses writes afterwards.
+    pub async fn close(&self) -> Result<(), EngineError> {
+        if self.inner.read_only {
+            return Ok(());
+        }
+        self.barrier(Waiting::Engine).await?;
+        *self.inner.poisoned.lock() = Some("the engine is closed".into());
+        self.inner.bucket.end_writing().await?;
+        if let Some(me) = &self.inner.lock_holder {
+            lease::release(&self.inner.bucket, me).await?;
+        }
+        Ok(())
+    }
+}
+
+/// Clears a flag when dropped.
+struct ClearOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for ClearOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}

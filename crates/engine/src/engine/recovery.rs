@@ -1,0 +1,283 @@
+//! Opening a bucket: unlocking the data key, taking the writer lock, and rebuilding the
+//! committed state from the last checkpoint and the log objects after it.
+
+use super::*;
+
+/// Opens (creating it on first use) the superblock and returns the unlocked sealer.
+pub(super) async fn unlock(
+    bucket: &SharedBucket,
+    password: &str,
+    create: bool,
+) -> Result<Sealer, EngineError> {
+    match bucket.get(SUPERBLOCK_KEY).await {
+        Ok(bytes) => Ok(Sealer::new(
+            &Superblock::from_json(&bytes)?.unlock(password)?,
+        )),
+        Err(StoreError::NotFound(_)) if create => {
+            let (sb, key) = Superblock::create(password)?;
+            match bucket
+                .put(SUPERBLOCK_KEY, Bytes::from(sb.to_json()), PutMode::Create)
+                .await
+            {
+                Ok(()) => {
+                    tracing::info!("created a new bucketfs bucket");
+                    Ok(Sealer::new(&key))
+                }
+                // Another process created it first: use theirs.
+                Err(StoreError::AlreadyExists(_)) => {
+                    Box::pin(unlock(bucket, password, false)).await
+                }
+                // Creating an object can only find nothing when the bucket itself is missing.
+                Err(StoreError::NotFound(_)) => Err(EngineError::Store(StoreError::Permanent(
+                    "the bucket does not exist; create it first (or check the bucket name in storage.url)".into(),
+                ))),
+                Err(e) => Err(e.into()),
+            }
+        }
+        Err(StoreError::NotFound(_)) => Err(EngineError::NotInitialised),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Rewraps the data key under a new password; data is not touched.
+pub async fn change_password(
+    bucket: &SharedBucket,
+    old: &str,
+    new: &str,
+) -> Result<(), EngineError> {
+    let bytes = match bucket.get(SUPERBLOCK_KEY).await {
+        Err(StoreError::NotFound(_)) => return Err(EngineError::NotInitialised),
+        other => other?,
+    };
+    let sb = Superblock::from_json(&bytes)?.rewrap(old, new)?;
+    bucket
+        .put(
+            SUPERBLOCK_KEY,
+            Bytes::from(sb.to_json()),
+            PutMode::Overwrite,
+        )
+        .await?;
+    Ok(())
+}
+
+impl Engine {
+    pub async fn open(bucket: SharedBucket, opts: EngineOptions) -> Result<Engine, EngineError> {
+        // Check the password before anything is written: a wrong password changes nothing.
+        let sealer = unlock(&bucket, &opts.password, !opts.read_only).await?;
+        let lock_holder = if opts.read_only {
+            None
+        } else {
+            Some(lease::acquire(&bucket).await?)
+        };
+        let sealer = Arc::new(sealer);
+        let opened = async {
+            if lock_holder.is_some() {
+                bucket.begin_writing().await?;
+            }
+            let mut attempt = 1;
+            loop {
+                let loaded =
+                    Self::load(bucket.clone(), sealer.clone(), &opts, lock_holder.clone()).await;
+                match loaded {
+                    // A reader beside a running writer lists the bucket while the writer
+                    // changes it (a checkpoint replaced, log objects collected), so what it
+                    // read may not fit together: it reads again before it calls the bucket
+                    // damaged.
+                    Err(
+                        e @ (EngineError::Corrupt(_)
+                        | EngineError::Store(StoreError::NotFound(_))),
+                    ) if opts.read_only && attempt < READ_ONLY_OPEN_ATTEMPTS => {
+                        tracing::warn!(attempt, error = %e, "the bucket changed while it was read (a writer is running?); reading it again");
+                        let pause_ms = 100 * u64::from(attempt);
+                        tokio::time::sleep(std::time::Duration::from_millis(pause_ms)).await;
+                        attempt += 1;
+                    }
+                    result => break result,
+                }
+            }
+        }
+        .await;
+        if let (Err(_), Some(me)) = (&opened, &lock_holder) {
+            let _ = lease::release(&bucket, me).await;
+        }
+        opened
+    }
+
+    pub(super) async fn load(
+        bucket: SharedBucket,
+        sealer: Arc<Sealer>,
+        opts: &EngineOptions,
+        lock_holder: Option<LockHolder>,
+    ) -> Result<Engine, EngineError> {
+        let mut committed = MetaState::default();
+        let checkpoints: Vec<u64> = bucket
+            .list("checkpoint/")
+            .await?
+            .iter()
+            .filter_map(|o| logobj::parse_seq(&o.key, "checkpoint"))
+            .collect();
+        let checkpoint_seq = checkpoints.iter().copied().max().unwrap_or(0);
+        if checkpoint_seq > 0 {
+            let key = logobj::checkpoint_key(checkpoint_seq);
+            let bytes = bucket.get(&key).await?;
+            for op in logobj::decode_checkpoint(&sealer, &key, checkpoint_seq, &bytes)? {
+                committed.apply(&op);
+            }
+        }
+        let logs: Vec<(u64, u64)> = bucket
+            .list("log/")
+            .await?
+            .iter()
+            .filter_map(|o| logobj::parse_seq(&o.key, "log").map(|s| (s, o.size_bytes)))
+            .collect();
+        let known_logs: BTreeMap<u64, u64> = logs.iter().copied().collect();
+        let to_replay: Vec<(u64, u64)> = logs
+            .into_iter()
+            .filter(|(s, _)| *s > checkpoint_seq)
+            .collect();
+        // Up to UPLOADS_IN_FLIGHT_MAX objects are uploaded at once but committed in order, so a
+        // crash can leave a few stored objects after a missing one. None of them was ever
+        // acknowledged; they are dropped. A longer run after a gap means acknowledged data is
+        // gone: refuse to guess.
+        let mut to_replay = to_replay;
+        let mut known_logs = known_logs;
+        if let Some(gap) = to_replay
+            .iter()
+            .enumerate()
+            .position(|(i, (seq, _))| *seq != checkpoint_seq + 1 + i as u64)
+        {
+            let orphans = to_replay.split_off(gap);
+            let missing = checkpoint_seq + 1 + gap as u64;
+            // Uploads in flight are the oldest uncommitted objects, so a crash leaves stored
+            // objects only within UPLOADS_IN_FLIGHT_MAX of the first missing one.
+            let beyond = orphans
+                .iter()
+                .filter(|(seq, _)| *seq >= missing + UPLOADS_IN_FLIGHT_MAX as u64)
+                .count();
+            if beyond > 0 {
+                return Err(EngineError::Corrupt(format!(
+                    "log object {} is missing but {} later ones exist; the bucket is damaged",
+                    logobj::log_key(missing),
+                    orphans.len()
+                )));
+            }
+            for (seq, _) in &orphans {
+                tracing::warn!(object = %logobj::log_key(*seq), "dropping a log object stored after a crash but never committed");
+                known_logs.remove(seq);
+                if !opts.read_only {
+                    // Durably: its sequence number is used again from here on.
+                    bucket
+                        .delete(&logobj::log_key(*seq), DeleteMode::Durable)
+                        .await?;
+                }
+            }
+        }
+        let records = futures::stream::iter(to_replay.iter().copied())
+            .map(|(seq, size)| {
+                let bucket = bucket.clone();
+                let sealer = sealer.clone();
+                async move {
+                    let key = logobj::log_key(seq);
+                    if size < logobj::LOG_HEADER_BYTES as u64 + logobj::LOG_TRAILER_BYTES {
+                        return Err(EngineError::Corrupt(format!("{key}: too short")));
+                    }
+                    let trailer = bucket
+                        .get_range(&key, size - logobj::LOG_TRAILER_BYTES..size)
+                        .await?;
+                    let range = logobj::parse_trailer(&key, size, &trailer)?;
+                    let sealed = bucket.get_range(&key, range).await?;
+                    Ok::<_, EngineError>(logobj::open_log_meta(&sealer, &key, seq, &sealed)?)
+                }
+            })
+            .buffered(REPLAY_CONCURRENCY);
+        let records: Vec<Vec<MetaOp>> = records.try_collect().await?;
+        for ops in &records {
+            for op in ops {
+                committed.apply(op);
+            }
+        }
+        let last_seq = known_logs
+            .last_key_value()
+            .map_or(0, |(s, _)| *s)
+            .max(checkpoint_seq);
+        let log_bytes_stored = known_logs.values().sum();
+        tracing::info!(
+            checkpoint_seq,
+            replayed = records.len(),
+            last_seq,
+            extents = committed.extent_count(),
+            "opened bucket"
+        );
+        let disk_cache = match &opts.disk_cache_dir {
+            Some(dir) if opts.disk_cache_bytes_max > 0 => Some(
+                DiskCache::open(dir.clone(), opts.disk_cache_bytes_max).map_err(|e| {
+                    EngineError::Store(StoreError::Permanent(format!(
+                        "cache directory {}: {e}",
+                        dir.display()
+                    )))
+                })?,
+            ),
+            _ => None,
+        };
+        // Writes retry against the memory tier until their base is there: never let it be tiny.
+        let clean_extents = (opts.memory_cache_bytes_max as usize / EXTENT_SIZE_BYTES).max(1024);
+        let engine = Engine {
+            inner: Arc::new(Inner {
+                bucket,
+                sealer,
+                codec: opts.codec,
+                reseal_after: opts.reseal_after,
+                read_only: opts.read_only,
+                state: Mutex::new(State {
+                    write_gen: 0,
+                    pending: Batch::default(),
+                    flushing: VecDeque::new(),
+                    committed,
+                    commit_gen: 0,
+                    clean: lru::LruCache::new(
+                        NonZeroUsize::new(clean_extents).expect("at least 1024"),
+                    ),
+                }),
+                seal: tokio::sync::Mutex::new(SealCtl {
+                    next_seq: last_seq + 1,
+                }),
+                upload: tokio::sync::Mutex::new(UploadCtl {
+                    checkpoint_seq,
+                    checkpoints_begun: VecDeque::from([(
+                        checkpoint_seq,
+                        std::time::Instant::now(),
+                    )]),
+                    log_bytes_since_checkpoint: 0,
+                    known_logs,
+                }),
+                durable_gen: AtomicU64::new(0),
+                poisoned: Mutex::new(None),
+                disk_cache,
+                lock_holder,
+                checkpoint_running: AtomicBool::new(false),
+                last_commit_us: AtomicU64::new(0),
+                repacked_uncollected: AtomicBool::new(false),
+                epoch: std::time::Instant::now(),
+                checkpoint_scratch: Mutex::default(),
+                object_buffers: Arc::default(),
+                extent_buffers: ExtentBuffers::default(),
+                background_flush: AtomicBool::new(false),
+                barrier_cadence: BarrierCadence::default(),
+                write_behind_running: AtomicBool::new(false),
+                log_bytes_stored: AtomicU64::new(log_bytes_stored),
+                upload_failing: AtomicBool::new(false),
+                committed_notify: tokio::sync::Notify::new(),
+                stored_notify: tokio::sync::Notify::new(),
+                queue: Mutex::new(VecDeque::new()),
+                counters: Counters::default(),
+            }),
+        };
+        if !opts.read_only {
+            engine.spawn_periodic_flush(opts.flush_interval);
+            if let Some(quiet) = opts.quiet_checkpoint_after {
+                engine.spawn_quiet_checkpoints(quiet);
+            }
+        }
+        Ok(engine)
+    }
+}

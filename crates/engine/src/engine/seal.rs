@@ -1,0 +1,173 @@
+//! Sealing a frozen batch into a log object, and the codec policy.
+
+use super::*;
+
+/// Cores to seal on. Asked once: available_parallelism reads cgroup files, which costs more
+/// than sealing the one extent of a typical fsync.
+pub(super) fn cpu_count() -> usize {
+    static CPUS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CPUS.get_or_init(|| {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    })
+}
+
+impl Engine {
+    /// The codec a batch of `extents` is sealed with. With zstd configured, lz4 where a client
+    /// waits on the seal at a steady cadence:
+    /// - the small batches of fsync-driven flushes: zstd was most of their sealing, and with
+    ///   lz4 bucketfs used ~5 % less CPU per pgbench rw-sync transaction (bench/ab), though it
+    ///   uploads about a third more bytes;
+    /// - any batch a client's barrier or write-behind seals while the barriers come less than
+    ///   `WRITE_BEHIND_GATHERED_BARRIER_GAP_US` apart: under pgbench rw-async the barrier was
+    ///   mostly the WAL writer's ~1 MiB being sealed with zstd on cores PostgreSQL keeps busy
+    ///   (docs/benchmarks.md, "lz4 where a client waits").
+    ///
+    /// The engine's own flushes (memory filling up, the periodic flush, repacking) and the
+    /// barriers of a client that flushes rarely (a bulk load, fio) use the configured codec. Most
+    /// lz4 objects are garbage within seconds; the collector repacks the frames that stay live
+    /// in small objects into large ones, with the configured codec.
+    pub(super) fn codec_for(&self, extents: usize, waiting: Waiting) -> Codec {
+        match self.inner.codec {
+            Codec::Zstd
+                if extents <= INLINE_SEAL_EXTENTS_MAX
+                    || (waiting == Waiting::Client
+                        && self.inner.barrier_cadence.write_behind() != WriteBehind::Off) =>
+            {
+                Codec::Lz4
+            }
+            configured => configured,
+        }
+    }
+
+    /// Seals the batch's extents (on blocking threads, in parallel) into a log object.
+    pub(super) async fn encode(
+        &self,
+        seq: u64,
+        batch: Arc<Batch>,
+        codec: Codec,
+    ) -> (ObjectBuffer, Vec<MetaOp>) {
+        // The fsync-heavy case (a few extents per flush) takes tens of microseconds to seal:
+        // less than the hop to a blocking thread, which sits on the critical path of an fsync.
+        if batch.extents.len() <= INLINE_SEAL_EXTENTS_MAX {
+            return self.encode_blocking(seq, &batch, codec);
+        }
+        let engine = self.clone();
+        tokio::task::spawn_blocking(move || engine.encode_blocking(seq, &batch, codec))
+            .await
+            .expect("encoding does not panic")
+    }
+
+    pub(super) fn encode_blocking(
+        &self,
+        seq: u64,
+        batch: &Batch,
+        codec: Codec,
+    ) -> (ObjectBuffer, Vec<MetaOp>) {
+        let mut ops: Vec<MetaOp> = batch
+            .kv
+            .iter()
+            .map(|(k, v)| match v {
+                Some(v) => MetaOp::KvPut {
+                    key: k.clone(),
+                    value: v.clone(),
+                },
+                None => MetaOp::KvDelete { key: k.clone() },
+            })
+            .collect();
+        let mut data: Vec<(u64, u64, &Arc<Vec<u8>>, Codec)> = Vec::new();
+        for ((ino, index), d) in &batch.extents {
+            match d {
+                Dirty::Data(buf) => data.push((*ino, *index, buf, codec)),
+                Dirty::Moved(buf) => data.push((*ino, *index, buf, self.inner.codec)),
+                Dirty::Hole => ops.push(MetaOp::ExtentClear {
+                    ino: *ino,
+                    index: *index,
+                }),
+            }
+        }
+        data.sort_unstable_by_key(|(ino, index, _, _)| (*ino, *index));
+        let threads = cpu_count()
+            .min(data.len().div_ceil(PARALLEL_SEAL_EXTENTS_MIN))
+            .max(1);
+        let chunk = data.len().div_ceil(threads).max(1);
+        let sealer = &self.inner.sealer;
+        // Each part is sealed into its own stretch of the object buffer, sized for frames that
+        // do not compress; the parts are then moved together.
+        let stretch = chunk * FRAME_BYTES_MAX;
+        let mut object = self
+            .inner
+            .object_buffers
+            .take(LOG_HEADER_BYTES + data.len() * FRAME_BYTES_MAX);
+        let room = object.room();
+        room[..LOG_HEADER_BYTES].copy_from_slice(&logobj::log_header(seq));
+        let seal_part = move |out: &mut [u8], part: &[(u64, u64, &Arc<Vec<u8>>, Codec)]| {
+            let mut at = 0;
+            part.iter()
+                .map(|(ino, index, plain, codec)| {
+                    let n = frame::encode(&mut out[at..], sealer, *codec, *ino, *index, plain);
+                    at += n;
+                    n
+                })
+                .collect::<Vec<usize>>()
+        };
+        let stretches = &mut room[LOG_HEADER_BYTES..];
+        // Batches of up to a few hundred extents (the fsync-heavy case, PostgreSQL's WAL bursts,
+        // repacks) are sealed by this thread alone: splitting them costs more than it saves
+        // (PARALLEL_SEAL_EXTENTS_MIN). Larger ones on rayon's threads, which live as long as
+        // the process: a thread started per batch would set up its zstd contexts and random
+        // generator afresh, in freshly faulted memory (2 % of bucketfs's CPU under pgbench
+        // rw-sync, where repacked objects were such batches; perf).
+        let lens: Vec<Vec<usize>> = if threads == 1 {
+            stretches
+                .chunks_mut(stretch)
+                .zip(data.chunks(chunk))
+                .map(|(out, part)| seal_part(out, part))
+                .collect()
+        } else {
+            use rayon::prelude::*;
+            stretches
+                .par_chunks_mut(stretch)
+                .zip(data.par_chunks(chunk))
+                .map(|(out, part)| seal_part(out, part))
+                .collect()
+        };
+        let mut at = LOG_HEADER_BYTES;
+        let mut lz4_frames = 0;
+        for (i, (part_lens, part)) in lens.iter().zip(data.chunks(chunk)).enumerate() {
+            let from = LOG_HEADER_BYTES + i * stretch;
+            let used: usize = part_lens.iter().sum();
+            if from != at {
+                room.copy_within(from..from + used, at);
+            }
+            for (&n, (ino, index, _, _)) in part_lens.iter().zip(part) {
+                lz4_frames += usize::from(frame::codec(&room[at..at + n]) == Some(Codec::Lz4));
+                let ptr = ExtentPtr {
+                    seq,
+                    offset: u32::try_from(at).expect("log objects stay below 4 GiB"),
+                    length: n as u32,
+                };
+                ops.push(MetaOp::ExtentSet {
+                    ino: *ino,
+                    index: *index,
+                    ptr,
+                });
+                at += n;
+            }
+        }
+        // Marked for re-sealing when mostly lz4. An object of extents the collector moved
+        // (sealed with zstd) that a client's write-behind swept up with a few lz4 frames of
+        // its own is not: re-sealing it would move the same extents again every interval
+        // (docs/0001, "Re-sealing lz4 frames").
+        if lz4_frames * 2 > data.len() {
+            // After the extents it is about: applying it needs the object live.
+            ops.push(MetaOp::HoldsLz4 { seq });
+        }
+        let tail = logobj::log_tail(sealer, seq, &ops, at);
+        object.reserve(at + tail.len());
+        object.room()[at..at + tail.len()].copy_from_slice(&tail);
+        object.set_len(at + tail.len());
+        (object, ops)
+    }
+}

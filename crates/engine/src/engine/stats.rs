@@ -1,0 +1,86 @@
+//! Counters and the stats snapshot (`bucketfs status`).
+
+use super::*;
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct EngineStats {
+    /// Flush barriers asked for (NBD FLUSH and FUA, admin changes, the periodic flush).
+    pub barriers: u64,
+    /// Time callers spent waiting in flush barriers, summed: divided by `barriers`, the mean
+    /// fsync latency a client sees.
+    pub barrier_wait_us: u64,
+    pub flushes: u64,
+    /// Flushes sealed with lz4: all of them if lz4 is configured; with zstd, those a client
+    /// waited on at a steady cadence (`Engine::codec_for`).
+    pub flushes_lz4: u64,
+    /// Flushes started by write-behind (`Engine::write`), no barrier waiting on them yet.
+    pub write_behind_flushes: u64,
+    pub log_objects_written: u64,
+    pub log_bytes_written: u64,
+    /// Bytes of the log objects now in the bucket: what the data costs to store (checkpoints
+    /// and the superblock aside).
+    pub log_bytes_stored: u64,
+    /// Live bytes of those log objects (frames the extent map points at): what the data would
+    /// take without garbage. `log_bytes_stored` over this is the bucket's space amplification.
+    pub log_bytes_live: u64,
+    pub checkpoints_written: u64,
+    pub log_objects_deleted: u64,
+    /// Extents rewritten out of sparse log objects (`Engine::repack`).
+    pub extents_repacked: u64,
+    /// Extents moved out of fragmented log objects (at most half live; `Engine::repack`).
+    pub extents_defragmented: u64,
+    /// Extents moved out of objects that hold lz4 frames, to be sealed with zstd
+    /// (`Engine::repack`).
+    pub extents_resealed: u64,
+    /// Live bytes of the log objects that hold lz4 frames (`MetaState::live_bytes_in_lz4_objects`):
+    /// what re-sealing has yet to reach, at most.
+    pub live_bytes_in_lz4_objects: u64,
+    pub pending_bytes: u64,
+    pub extents: u64,
+    pub memory_cache_extents: u64,
+    pub disk_cache_bytes: u64,
+}
+
+#[derive(Default)]
+pub(super) struct Counters {
+    pub(super) barriers: AtomicU64,
+    pub(super) barrier_wait_us: AtomicU64,
+    pub(super) flushes: AtomicU64,
+    pub(super) flushes_lz4: AtomicU64,
+    pub(super) write_behind_flushes: AtomicU64,
+    pub(super) log_objects_written: AtomicU64,
+    pub(super) log_bytes_written: AtomicU64,
+    pub(super) checkpoints_written: AtomicU64,
+    pub(super) log_objects_deleted: AtomicU64,
+    pub(super) extents_repacked: AtomicU64,
+    pub(super) extents_defragmented: AtomicU64,
+    pub(super) extents_resealed: AtomicU64,
+}
+
+impl Engine {
+    pub fn stats(&self) -> EngineStats {
+        let c = &self.inner.counters;
+        let st = self.inner.state.lock();
+        EngineStats {
+            barriers: c.barriers.load(Ordering::Relaxed),
+            barrier_wait_us: c.barrier_wait_us.load(Ordering::Relaxed),
+            flushes: c.flushes.load(Ordering::Relaxed),
+            flushes_lz4: c.flushes_lz4.load(Ordering::Relaxed),
+            write_behind_flushes: c.write_behind_flushes.load(Ordering::Relaxed),
+            log_objects_written: c.log_objects_written.load(Ordering::Relaxed),
+            log_bytes_written: c.log_bytes_written.load(Ordering::Relaxed),
+            log_bytes_stored: self.inner.log_bytes_stored.load(Ordering::Relaxed),
+            log_bytes_live: st.committed.live_bytes_total(),
+            checkpoints_written: c.checkpoints_written.load(Ordering::Relaxed),
+            log_objects_deleted: c.log_objects_deleted.load(Ordering::Relaxed),
+            extents_repacked: c.extents_repacked.load(Ordering::Relaxed),
+            extents_defragmented: c.extents_defragmented.load(Ordering::Relaxed),
+            extents_resealed: c.extents_resealed.load(Ordering::Relaxed),
+            live_bytes_in_lz4_objects: st.committed.live_bytes_in_lz4_objects(),
+            pending_bytes: st.pending.data_bytes() as u64,
+            extents: st.committed.extent_count() as u64,
+            memory_cache_extents: st.clean.len() as u64,
+            disk_cache_bytes: self.inner.disk_cache.as_ref().map_or(0, |c| c.bytes()),
+        }
+    }
+}
