@@ -1,0 +1,595 @@
+//! The configuration file: one TOML file that deserialises into plain structs.
+//!
+//! Loading runs in stages so that every error names the file and, when one is at fault, the
+//! dotted key (`storage.compression`):
+//!
+//! 1. parse the text into a `toml::Table`; syntax errors carry a line and column;
+//! 2. walk the table against [`SCHEMA`], rejecting unknown keys and misplaced tables;
+//! 3. replace `${VAR}` in every string value with the environment variable `VAR`;
+//! 4. check every value (type, range, format) against its schema entry;
+//! 5. deserialise into [`Config`] with serde, then check rules that span several keys.
+//!
+//! Serde alone would reject the same files, but its messages do not say which key failed,
+//! and substitution must see the parsed values (not the text) so that a missing variable can
+//! be blamed on the key that uses it and a value cannot inject TOML syntax.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use serde::de::{self, Deserializer, Visitor};
+use serde::Deserialize;
+use toml::{Table, Value};
+
+use crate::size::parse_size;
+
+mod checks;
+mod substitute;
+
+use checks::{check_keys, check_values, SCHEMA};
+use substitute::substitute_value;
+
+/// Default bucket: a directory next to where bucketfs runs, so that a first `bucketfs run`
+/// works without any cloud account.
+pub const DEFAULT_STORAGE_URL: &str = "file://./bucketfs-data";
+/// Default bound on the loss window for writes nobody fsynced: a few seconds, as promised in
+/// DESIGN.md, while keeping idle uploads rare.
+pub const DEFAULT_FLUSH_INTERVAL_MS: u64 = 2000;
+pub const DEFAULT_CACHE_DIR: &str = "./bucketfs-cache";
+pub const DEFAULT_CACHE_DISK_BYTES_MAX: u64 = 10 << 30;
+pub const DEFAULT_CACHE_MEMORY_BYTES_MAX: u64 = 1 << 30;
+/// NBD has no authentication, so by default it listens on loopback only. 10809 is the port
+/// IANA assigned to NBD.
+pub const DEFAULT_NBD_LISTEN: &str = "127.0.0.1:10809";
+/// The admin endpoint has no authentication either, so it is loopback-only too.
+pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:10810";
+/// `sun_path` holds 108 bytes on Linux, one of them the terminating NUL.
+pub const UNIX_SOCKET_PATH_BYTES_MAX: usize = 107;
+
+/// What `bucketfs init` writes. Parsed with `BUCKETFS_PASSWORD` set, it equals
+/// [`Config::embedded_default`] plus that password (tested below). Settings without a
+/// default are present but commented out, with an example value.
+pub const INIT_TEMPLATE: &str = r#"# bucketfs configuration, written by `bucketfs init`.
+#
+# Every setting is listed with its default value; settings that have no default are
+# commented out, with an example. Unknown keys are errors, so a typo cannot go unnoticed.
+# In any string, ${NAME} is replaced by the environment variable NAME when the file is
+# loaded (write $${ for a literal ${), so secrets need not be stored in this file.
+# Sizes are a number of bytes, or a number with a unit K, M, G or T (1K = 1024 bytes).
+
+[storage]
+# Where the filesystem and its block devices are kept: s3://bucket/prefix,
+# gs://bucket/prefix, az://container/prefix, file:///absolute/path, file://./relative/path,
+# or memory:// (nothing survives the process).
+url = "file://./bucketfs-data"
+# Protects the key that encrypts everything in the bucket; without it the data cannot be
+# read. Taken from the environment so that it is not stored in this file.
+encryption_password = "${BUCKETFS_PASSWORD}"
+# Compression of file data before encryption: zstd (smaller), lz4 (faster) or none.
+# Recorded per extent, so a change applies to new writes and old data stays readable.
+# With zstd, what clients wait on while they fsync several times a second or more (every
+# commit, or a database's WAL writer) is sealed with lz4: about three times as fast, for up
+# to twice the bytes; what stays of it in small objects is rewritten later, with zstd.
+compression = "zstd"
+# Writes that nobody fsynced are uploaded at least this often (milliseconds); a crash can
+# lose only writes that are younger than this and were never flushed.
+flush_interval_ms = 2000
+
+[cache]
+# Local cache directory. It holds copies of bucket data only: deleting it loses nothing.
+dir = "./bucketfs-cache"
+# Upper bound on the disk cache, which keeps data as stored (compressed and encrypted).
+# Not used for file:// buckets, which are on local disk already.
+disk_bytes_max = "10GiB"
+# Upper bound on the memory cache of decoded data and metadata.
+memory_bytes_max = "1GiB"
+
+# Credentials and endpoint for s3:// URLs (Amazon S3, MinIO, Hetzner, R2, ...).
+[aws]
+# Access key id of the credentials.
+# access_key_id = "${AWS_ACCESS_KEY_ID}"
+# Secret access key of the credentials.
+# secret_access_key = "${AWS_SECRET_ACCESS_KEY}"
+# Session token, for temporary credentials only.
+# session_token = "${AWS_SESSION_TOKEN}"
+# Region of the bucket.
+# region = "us-east-1"
+# Endpoint of an S3-compatible service; unset means Amazon S3 itself.
+# endpoint = "http://127.0.0.1:9000"
+# Allow a plain http:// endpoint, for a test server; requests then go without TLS.
+# allow_http = false
+
+# Credentials for gs:// URLs (Google Cloud Storage).
+[gcp]
+# Path of a service-account JSON key file.
+# service_account_path = "/etc/bucketfs/gcs-service-account.json"
+# The same JSON key given inline, usually from the environment.
+# service_account_key = "${GCP_SERVICE_ACCOUNT_KEY}"
+
+# Credentials and endpoint for az:// URLs (Azure Blob Storage).
+[azure]
+# Name of the storage account.
+# account_name = "mystorageaccount"
+# Shared access key of the storage account.
+# access_key = "${AZURE_STORAGE_ACCESS_KEY}"
+# Endpoint other than the public Azure cloud.
+# endpoint = "http://127.0.0.1:10000/devstoreaccount1"
+# Allow a plain http:// endpoint, for a test server; requests then go without TLS.
+# allow_http = false
+# Use the local Azurite emulator and its well-known development account.
+# use_emulator = false
+
+[servers.nbd]
+# TCP addresses of the NBD server; [] turns TCP off. NBD has no authentication: anyone who
+# can connect can read and write every block device, so keep it on loopback unless the
+# network is trusted.
+listen = ["127.0.0.1:10809"]
+# Unix socket of the NBD server, where file permissions control access; unset means none.
+# unix_socket = "/run/bucketfs/nbd.sock"
+
+[admin]
+# Address of the admin endpoint that the CLI (`bucketfs nbd create ...`) talks to. It has no
+# authentication either, so keep it on loopback.
+listen = "127.0.0.1:10810"
+"#;
+
+/// The whole configuration file.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    pub storage: StorageConfig,
+    pub cache: CacheConfig,
+    pub aws: AwsConfig,
+    pub gcp: GcpConfig,
+    pub azure: AzureConfig,
+    pub servers: ServersConfig,
+    pub admin: AdminConfig,
+}
+
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StorageConfig {
+    /// `s3://`, `gs://`, `az://`, `file://` or `memory://`; checked by [`check_storage_url`].
+    pub url: String,
+    pub encryption_password: Option<String>,
+    pub compression: Compression,
+    /// Always positive.
+    pub flush_interval_ms: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CacheConfig {
+    pub dir: PathBuf,
+    #[serde(deserialize_with = "deserialize_size")]
+    pub disk_bytes_max: u64,
+    #[serde(deserialize_with = "deserialize_size")]
+    pub memory_bytes_max: u64,
+}
+
+#[derive(Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AwsConfig {
+    pub access_key_id: Option<String>,
+    pub secret_access_key: Option<String>,
+    pub session_token: Option<String>,
+    pub region: Option<String>,
+    pub endpoint: Option<String>,
+    pub allow_http: Option<bool>,
+}
+
+#[derive(Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GcpConfig {
+    pub service_account_path: Option<String>,
+    pub service_account_key: Option<String>,
+}
+
+#[derive(Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AzureConfig {
+    pub account_name: Option<String>,
+    pub access_key: Option<String>,
+    pub endpoint: Option<String>,
+    pub allow_http: Option<bool>,
+    pub use_emulator: Option<bool>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServersConfig {
+    pub nbd: NbdServerConfig,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NbdServerConfig {
+    /// Empty means no TCP listener.
+    pub listen: Vec<SocketAddr>,
+    pub unix_socket: Option<PathBuf>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdminConfig {
+    pub listen: SocketAddr,
+}
+
+/// Codec for file data before it is sealed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Compression {
+    #[default]
+    Zstd,
+    Lz4,
+    None,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{}: cannot read the config file: {error}", path.display())]
+    Read {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    #[error("{}: invalid TOML: {message}", position(path, *line_column))]
+    Syntax {
+        path: PathBuf,
+        /// One-based line and column (in characters), when the parser knows them.
+        line_column: Option<(usize, usize)>,
+        message: String,
+    },
+    #[error("{}: unknown key `{key}` (expected one of: {})", path.display(), expected.join(", "))]
+    UnknownKey {
+        path: PathBuf,
+        key: String,
+        expected: Vec<&'static str>,
+    },
+    #[error("{}: {key}: environment variable {variable} is not set", path.display())]
+    MissingEnvVar {
+        path: PathBuf,
+        key: String,
+        variable: String,
+    },
+    #[error("{}: {key}: {message}", path.display())]
+    InvalidValue {
+        path: PathBuf,
+        key: String,
+        message: String,
+    },
+}
+
+fn position(path: &Path, line_column: Option<(usize, usize)>) -> String {
+    match line_column {
+        Some((line, column)) => format!("{}:{line}:{column}", path.display()),
+        None => path.display().to_string(),
+    }
+}
+
+impl Config {
+    /// Reads, substitutes `${VAR}` from the process environment, parses and validates.
+    /// Logs a warning for each of [`Config::exposure_warnings`].
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
+            path: path.to_path_buf(),
+            error,
+        })?;
+        let config = Config::parse(&text, path)?;
+        for warning in config.exposure_warnings() {
+            tracing::warn!(config = %path.display(), "{warning}");
+        }
+        Ok(config)
+    }
+
+    /// Like [`Config::load`] on `text`, without logging; `origin` names the file in errors.
+    pub fn parse(text: &str, origin: &Path) -> Result<Config, ConfigError> {
+        Config::parse_with_env(text, origin, &|name| std::env::var(name).ok())
+    }
+
+    /// Like [`Config::parse`], with `${VAR}` looked up through `env` instead of the process
+    /// environment.
+    pub fn parse_with_env(
+        text: &str,
+        origin: &Path,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Config, ConfigError> {
+        let mut root: Table =
+            text.parse()
+                .map_err(|error: toml::de::Error| ConfigError::Syntax {
+                    path: origin.to_path_buf(),
+                    line_column: error.span().map(|span| line_column(text, span.start)),
+                    message: one_line(error.message()),
+                })?;
+        check_keys(&root, SCHEMA, "", origin)?;
+        for (key, value) in root.iter_mut() {
+            substitute_value(value, &join_key("", key), env, origin)?;
+        }
+        check_values(&root, SCHEMA, "", origin)?;
+        let config: Config = Value::Table(root)
+            .try_into()
+            .map_err(|error: toml::de::Error| ConfigError::InvalidValue {
+                // Unreachable while SCHEMA matches the structs (a test checks that), but a
+                // mismatch must still come out as an error, not a panic.
+                path: origin.to_path_buf(),
+                key: "(file)".to_string(),
+                message: one_line(error.message()),
+            })?;
+        config.check_relations(origin)?;
+        Ok(config)
+    }
+
+    /// The configuration used when there is no file, and what an empty file means.
+    pub fn embedded_default() -> Config {
+        Config::default()
+    }
+
+    /// Settings that work but that the operator should know about, one sentence each.
+    pub fn exposure_warnings(&self) -> Vec<String> {
+        let mut warnings = Vec::new();
+        for address in &self.servers.nbd.listen {
+            if !address.ip().is_loopback() {
+                warnings.push(format!(
+                    "servers.nbd.listen: {address} is not a loopback address, and NBD has no \
+                     authentication: anyone who can reach it can read and write every block device"
+                ));
+            }
+        }
+        if !self.admin.listen.ip().is_loopback() {
+            warnings.push(format!(
+                "admin.listen: {} is not a loopback address, and the admin endpoint has no \
+                 authentication: anyone who can reach it can manage this server",
+                self.admin.listen
+            ));
+        }
+        if self.storage.url.starts_with("memory://") {
+            warnings.push(
+                "storage.url: memory:// keeps everything in this process; it is all lost when \
+                 the process exits"
+                    .to_string(),
+            );
+        }
+        warnings
+    }
+
+    /// Rules that involve more than one value, checked after deserialisation.
+    fn check_relations(&self, origin: &Path) -> Result<(), ConfigError> {
+        let invalid = |key: &str, message: String| ConfigError::InvalidValue {
+            path: origin.to_path_buf(),
+            key: key.to_string(),
+            message,
+        };
+        let listen = &self.servers.nbd.listen;
+        for (index, address) in listen.iter().enumerate() {
+            if let Some(earlier) = listen[..index].iter().find(|a| addresses_clash(a, address)) {
+                return Err(invalid(
+                    "servers.nbd.listen",
+                    format!("{address} clashes with {earlier}, listed before it"),
+                ));
+            }
+        }
+        if let Some(nbd) = listen
+            .iter()
+            .find(|a| addresses_clash(a, &self.admin.listen))
+        {
+            return Err(invalid(
+                "admin.listen",
+                format!(
+                    "{} clashes with {nbd} in servers.nbd.listen; give the admin endpoint a port \
+                     of its own",
+                    self.admin.listen
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Whether two listeners could not both bind: same port (0 picks a free one, so never
+/// clashes), and the same address or a wildcard on either side.
+fn addresses_clash(a: &SocketAddr, b: &SocketAddr) -> bool {
+    a.port() == b.port()
+        && a.port() != 0
+        && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
+}
+
+impl Default for StorageConfig {
+    fn default() -> Self {
+        StorageConfig {
+            url: DEFAULT_STORAGE_URL.to_string(),
+            encryption_password: None,
+            compression: Compression::Zstd,
+            flush_interval_ms: DEFAULT_FLUSH_INTERVAL_MS,
+        }
+    }
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        CacheConfig {
+            dir: PathBuf::from(DEFAULT_CACHE_DIR),
+            disk_bytes_max: DEFAULT_CACHE_DISK_BYTES_MAX,
+            memory_bytes_max: DEFAULT_CACHE_MEMORY_BYTES_MAX,
+        }
+    }
+}
+
+impl Default for NbdServerConfig {
+    fn default() -> Self {
+        NbdServerConfig {
+            listen: vec![parse_default_address(DEFAULT_NBD_LISTEN)],
+            unix_socket: None,
+        }
+    }
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        AdminConfig {
+            listen: parse_default_address(DEFAULT_ADMIN_LISTEN),
+        }
+    }
+}
+
+fn parse_default_address(text: &str) -> SocketAddr {
+    text.parse()
+        .expect("default listen addresses are valid literals (tested)")
+}
+
+// Secrets must not reach logs through `{:?}`, so the structs that hold them print only
+// whether each secret is set.
+const REDACTED: &str = "<redacted>";
+
+fn redact(secret: &Option<String>) -> Option<&'static str> {
+    secret.as_ref().map(|_| REDACTED)
+}
+
+impl fmt::Debug for StorageConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StorageConfig")
+            .field("url", &self.url)
+            .field("encryption_password", &redact(&self.encryption_password))
+            .field("compression", &self.compression)
+            .field("flush_interval_ms", &self.flush_interval_ms)
+            .finish()
+    }
+}
+
+impl fmt::Debug for AwsConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AwsConfig")
+            .field("access_key_id", &self.access_key_id)
+            .field("secret_access_key", &redact(&self.secret_access_key))
+            .field("session_token", &redact(&self.session_token))
+            .field("region", &self.region)
+            .field("endpoint", &self.endpoint)
+            .field("allow_http", &self.allow_http)
+            .finish()
+    }
+}
+
+impl fmt::Debug for GcpConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GcpConfig")
+            .field("service_account_path", &self.service_account_path)
+            .field("service_account_key", &redact(&self.service_account_key))
+            .finish()
+    }
+}
+
+impl fmt::Debug for AzureConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AzureConfig")
+            .field("account_name", &self.account_name)
+            .field("access_key", &redact(&self.access_key))
+            .field("endpoint", &self.endpoint)
+            .field("allow_http", &self.allow_http)
+            .field("use_emulator", &self.use_emulator)
+            .finish()
+    }
+}
+
+impl Compression {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Compression::Zstd => "zstd",
+            Compression::Lz4 => "lz4",
+            Compression::None => "none",
+        }
+    }
+}
+
+impl fmt::Display for Compression {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Compression {
+    type Err = String;
+
+    fn from_str(name: &str) -> Result<Self, Self::Err> {
+        match name {
+            "zstd" => Ok(Compression::Zstd),
+            "lz4" => Ok(Compression::Lz4),
+            "none" => Ok(Compression::None),
+            _ => Err(format!("expected one of zstd, lz4, none, found {name:?}")),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Compression {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(deserializer)?;
+        name.parse().map_err(de::Error::custom)
+    }
+}
+
+/// A size is a TOML integer (bytes) or a string for [`parse_size`].
+fn deserialize_size<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u64, D::Error> {
+    struct SizeVisitor;
+
+    impl Visitor<'_> for SizeVisitor {
+        type Value = u64;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a size: an integer number of bytes or a string such as \"10GiB\"")
+        }
+
+        fn visit_u64<E: de::Error>(self, bytes: u64) -> Result<u64, E> {
+            Ok(bytes)
+        }
+
+        fn visit_i64<E: de::Error>(self, bytes: i64) -> Result<u64, E> {
+            u64::try_from(bytes).map_err(|_| E::custom(negative_size_message(bytes)))
+        }
+
+        fn visit_str<E: de::Error>(self, text: &str) -> Result<u64, E> {
+            parse_size(text).map_err(E::custom)
+        }
+    }
+
+    deserializer.deserialize_any(SizeVisitor)
+}
+
+fn negative_size_message(bytes: i64) -> String {
+    format!("a size cannot be negative, found {bytes}")
+}
+
+/// `prefix.key`, with the key quoted as TOML would need it if it is not a bare key.
+fn join_key(prefix: &str, key: &str) -> String {
+    let bare = !key.is_empty()
+        && key
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    let key = if bare {
+        key.to_string()
+    } else {
+        format!("{key:?}")
+    };
+    if prefix.is_empty() {
+        key
+    } else {
+        format!("{prefix}.{key}")
+    }
+}
+
+/// toml's messages can span lines ("invalid string\nexpected `"`"); an error is one line.
+fn one_line(message: &str) -> String {
+    let lines: Vec<&str> = message
+        .lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty())
+        .collect();
+    lines.join("; ")
+}
+
+/// One-based line and column (in characters) of a byte offset in `text`.
+fn line_column(text: &str, offset: usize) -> (usize, usize) {
+    let before = text.get(..offset).unwrap_or(text);
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    (line, column)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,834 @@
+use super::checks::Node;
+use super::substitute::{substitute, SubstituteError};
+use super::*;
+
+const ORIGIN: &str = "bucketfs.toml";
+
+fn env_with<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+    move |name| {
+        vars.iter()
+            .find(|(key, _)| *key == name)
+            .map(|(_, value)| value.to_string())
+    }
+}
+
+fn parse_env(text: &str, vars: &[(&str, &str)]) -> Result<Config, ConfigError> {
+    Config::parse_with_env(text, Path::new(ORIGIN), &env_with(vars))
+}
+
+fn parse(text: &str) -> Result<Config, ConfigError> {
+    parse_env(text, &[])
+}
+
+fn error(text: &str) -> String {
+    error_env(text, &[])
+}
+
+fn error_env(text: &str, vars: &[(&str, &str)]) -> String {
+    match parse_env(text, vars) {
+        Ok(config) => panic!("expected an error for {text:?}, got {config:?}"),
+        Err(error) => error.to_string(),
+    }
+}
+
+/// Every dotted leaf key of the schema, e.g. `servers.nbd.listen`.
+fn schema_leaves(schema: &[(&str, Node)], prefix: &str, out: &mut Vec<String>) {
+    for (name, node) in schema {
+        let dotted = join_key(prefix, name);
+        match node {
+            Node::Table(children) => schema_leaves(children, &dotted, out),
+            Node::Leaf(_) | Node::List(_) => out.push(dotted),
+        }
+    }
+}
+
+fn lookup<'v>(table: &'v Table, dotted: &str) -> Option<&'v Value> {
+    let mut parts = dotted.split('.');
+    let mut value = table.get(parts.next()?)?;
+    for part in parts {
+        value = value.as_table()?.get(part)?;
+    }
+    Some(value)
+}
+
+// --- defaults and the init template -------------------------------------------------
+
+#[test]
+fn empty_file_is_the_embedded_default() {
+    assert_eq!(parse("").unwrap(), Config::embedded_default());
+    assert_eq!(
+        parse("\n# only a comment\n").unwrap(),
+        Config::embedded_default()
+    );
+    assert_eq!(
+        parse("[storage]\n[cache]\n[aws]\n[gcp]\n[azure]\n[servers.nbd]\n[admin]\n").unwrap(),
+        Config::embedded_default()
+    );
+}
+
+#[test]
+fn embedded_default_is_local_and_loopback_only() {
+    let config = Config::embedded_default();
+    assert_eq!(config.storage.url, "file://./bucketfs-data");
+    assert_eq!(config.storage.encryption_password, None);
+    assert_eq!(config.storage.compression, Compression::Zstd);
+    assert_eq!(config.storage.flush_interval_ms, 2000);
+    assert_eq!(config.cache.dir, PathBuf::from("./bucketfs-cache"));
+    assert_eq!(config.cache.disk_bytes_max, 10 << 30);
+    assert_eq!(config.cache.memory_bytes_max, 1 << 30);
+    assert_eq!(
+        config.servers.nbd.listen,
+        vec![DEFAULT_NBD_LISTEN.parse().unwrap()]
+    );
+    assert_eq!(config.servers.nbd.unix_socket, None);
+    assert_eq!(config.admin.listen, DEFAULT_ADMIN_LISTEN.parse().unwrap());
+    assert!(config.exposure_warnings().is_empty());
+    assert_eq!(config.aws, AwsConfig::default());
+    assert_eq!(config.gcp, GcpConfig::default());
+    assert_eq!(config.azure, AzureConfig::default());
+}
+
+#[test]
+fn init_template_parses_to_the_default_plus_password() {
+    let config = parse_env(INIT_TEMPLATE, &[("BUCKETFS_PASSWORD", "hunter2")]).unwrap();
+    let mut expected = Config::embedded_default();
+    expected.storage.encryption_password = Some("hunter2".to_string());
+    assert_eq!(config, expected);
+}
+
+#[test]
+fn init_template_without_password_variable_names_key_and_variable() {
+    assert_eq!(
+        error(INIT_TEMPLATE),
+        "bucketfs.toml: storage.encryption_password: environment variable \
+         BUCKETFS_PASSWORD is not set"
+    );
+}
+
+/// Turns `# key = value` example lines into settings.
+fn uncomment_examples(template: &str) -> String {
+    template
+        .lines()
+        .map(|line| match line.strip_prefix("# ") {
+            Some(rest) if is_setting(rest) => rest,
+            _ => line,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn is_setting(line: &str) -> bool {
+    line.split_once(" = ").is_some_and(|(key, _)| {
+        !key.is_empty() && key.chars().all(|c| c.is_ascii_lowercase() || c == '_')
+    })
+}
+
+#[test]
+fn init_template_lists_every_key_and_its_examples_are_valid() {
+    let full = uncomment_examples(INIT_TEMPLATE);
+    let any_variable = |_: &str| Some("from-env".to_string());
+    let config = Config::parse_with_env(&full, Path::new(ORIGIN), &any_variable)
+        .unwrap_or_else(|error| panic!("{error}"));
+    assert_eq!(
+        config.servers.nbd.unix_socket,
+        Some(PathBuf::from("/run/bucketfs/nbd.sock"))
+    );
+    assert_eq!(config.aws.allow_http, Some(false));
+    assert_eq!(config.gcp.service_account_key.as_deref(), Some("from-env"));
+
+    let table: Table = full.parse().unwrap();
+    let mut leaves = Vec::new();
+    schema_leaves(SCHEMA, "", &mut leaves);
+    assert_eq!(leaves.len(), 23);
+    for leaf in &leaves {
+        assert!(lookup(&table, leaf).is_some(), "INIT_TEMPLATE lacks {leaf}");
+    }
+}
+
+#[test]
+fn init_template_explains_every_setting() {
+    let lines: Vec<&str> = INIT_TEMPLATE.lines().collect();
+    for (index, line) in lines.iter().enumerate() {
+        let setting = line.strip_prefix("# ").unwrap_or(line);
+        if !is_setting(setting) {
+            continue;
+        }
+        let above = lines[index - 1];
+        let explained = above
+            .strip_prefix("# ")
+            .is_some_and(|comment| !is_setting(comment));
+        assert!(explained, "no explanation above {line:?}");
+    }
+}
+
+#[test]
+fn schema_and_structs_accept_the_same_keys() {
+    // A key in SCHEMA but not in the structs would pass stage 2 and then fail serde's
+    // deny_unknown_fields with a message that names no key. Set each leaf on its own
+    // with a valid value and check that serde takes it.
+    let full: Table = uncomment_examples(INIT_TEMPLATE).parse().unwrap();
+    let mut leaves = Vec::new();
+    schema_leaves(SCHEMA, "", &mut leaves);
+    for leaf in leaves {
+        let (section, key) = leaf.rsplit_once('.').unwrap();
+        let value = lookup(&full, &leaf).unwrap();
+        let text = format!("[{section}]\n{key} = {value}\n");
+        let any_variable = |_: &str| Some("x".to_string());
+        Config::parse_with_env(&text, Path::new(ORIGIN), &any_variable)
+            .unwrap_or_else(|error| panic!("{leaf}: {error}"));
+    }
+}
+
+#[test]
+fn full_file_sets_every_field() {
+    let text = r#"
+        [storage]
+        url = "s3://${BUCKET}/volumes"
+        encryption_password = "${PW}"
+        compression = "lz4"
+        flush_interval_ms = 500
+        [cache]
+        dir = "/var/cache/bucketfs"
+        disk_bytes_max = 1099511627776
+        memory_bytes_max = "512 MiB"
+        [aws]
+        access_key_id = "AKIA"
+        secret_access_key = "${SECRET}"
+        session_token = "tok"
+        region = "eu-central-1"
+        endpoint = "http://127.0.0.1:9000"
+        allow_http = true
+        [gcp]
+        service_account_path = "/etc/sa.json"
+        service_account_key = "{}"
+        [azure]
+        account_name = "acct"
+        access_key = "key"
+        endpoint = "http://127.0.0.1:10000"
+        allow_http = true
+        use_emulator = false
+        [servers.nbd]
+        listen = ["127.0.0.1:20809", "[::1]:20809"]
+        unix_socket = "/tmp/nbd.sock"
+        [admin]
+        listen = "[::1]:20810"
+    "#;
+    let vars = [("BUCKET", "data"), ("PW", "pw"), ("SECRET", "s3cr3t")];
+    let config = parse_env(text, &vars).unwrap();
+    let expected = Config {
+        storage: StorageConfig {
+            url: "s3://data/volumes".to_string(),
+            encryption_password: Some("pw".to_string()),
+            compression: Compression::Lz4,
+            flush_interval_ms: 500,
+        },
+        cache: CacheConfig {
+            dir: PathBuf::from("/var/cache/bucketfs"),
+            disk_bytes_max: 1 << 40,
+            memory_bytes_max: 512 << 20,
+        },
+        aws: AwsConfig {
+            access_key_id: Some("AKIA".to_string()),
+            secret_access_key: Some("s3cr3t".to_string()),
+            session_token: Some("tok".to_string()),
+            region: Some("eu-central-1".to_string()),
+            endpoint: Some("http://127.0.0.1:9000".to_string()),
+            allow_http: Some(true),
+        },
+        gcp: GcpConfig {
+            service_account_path: Some("/etc/sa.json".to_string()),
+            service_account_key: Some("{}".to_string()),
+        },
+        azure: AzureConfig {
+            account_name: Some("acct".to_string()),
+            access_key: Some("key".to_string()),
+            endpoint: Some("http://127.0.0.1:10000".to_string()),
+            allow_http: Some(true),
+            use_emulator: Some(false),
+        },
+        servers: ServersConfig {
+            nbd: NbdServerConfig {
+                listen: vec![
+                    "127.0.0.1:20809".parse().unwrap(),
+                    "[::1]:20809".parse().unwrap(),
+                ],
+                unix_socket: Some(PathBuf::from("/tmp/nbd.sock")),
+            },
+        },
+        admin: AdminConfig {
+            listen: "[::1]:20810".parse().unwrap(),
+        },
+    };
+    assert_eq!(config, expected);
+}
+
+#[test]
+fn unset_keys_keep_their_defaults_within_a_section() {
+    let config = parse("[storage]\ncompression = \"none\"\n").unwrap();
+    let mut expected = Config::embedded_default();
+    expected.storage.compression = Compression::None;
+    assert_eq!(config, expected);
+}
+
+// --- unknown keys --------------------------------------------------------------------
+
+#[test]
+fn unknown_top_level_key_is_named_with_the_alternatives() {
+    assert_eq!(
+        error("[storag]\nurl = \"memory://\"\n"),
+        "bucketfs.toml: unknown key `storag` (expected one of: storage, cache, aws, gcp, \
+         azure, servers, admin)"
+    );
+    assert_eq!(
+        error("verbose = true\n"),
+        "bucketfs.toml: unknown key `verbose` (expected one of: storage, cache, aws, gcp, \
+         azure, servers, admin)"
+    );
+}
+
+#[test]
+fn unknown_nested_key_is_named_with_its_dotted_path() {
+    assert_eq!(
+        error("[storage]\ncompresion = \"lz4\"\n"),
+        "bucketfs.toml: unknown key `storage.compresion` (expected one of: url, \
+         encryption_password, compression, flush_interval_ms)"
+    );
+    assert_eq!(
+        error("[servers.nfs]\nlisten = []\n"),
+        "bucketfs.toml: unknown key `servers.nfs` (expected one of: nbd)"
+    );
+    assert_eq!(
+        error("[servers.nbd]\nlisten = []\nexport = \"x\"\n"),
+        "bucketfs.toml: unknown key `servers.nbd.export` (expected one of: listen, \
+         unix_socket)"
+    );
+    // Dotted keys and inline tables are the same TOML, so they get the same message.
+    assert_eq!(
+        error("cache.size = 1\n"),
+        "bucketfs.toml: unknown key `cache.size` (expected one of: dir, disk_bytes_max, \
+         memory_bytes_max)"
+    );
+    assert_eq!(
+        error("admin = { listen = \"127.0.0.1:1\", port = 2 }\n"),
+        "bucketfs.toml: unknown key `admin.port` (expected one of: listen)"
+    );
+}
+
+#[test]
+fn unknown_key_that_is_not_bare_is_quoted() {
+    assert_eq!(
+        error("[aws]\n\"secret key\" = \"x\"\n"),
+        "bucketfs.toml: unknown key `aws.\"secret key\"` (expected one of: access_key_id, \
+         secret_access_key, session_token, region, endpoint, allow_http)"
+    );
+}
+
+#[test]
+fn unknown_key_is_reported_before_a_missing_variable() {
+    let message = error("[storage]\nencryption_password = \"${NOPE}\"\n[cache]\nsize = 1\n");
+    assert!(message.contains("unknown key `cache.size`"), "{message}");
+}
+
+#[test]
+fn section_that_is_not_a_table_is_an_error() {
+    assert_eq!(
+        error("storage = \"s3://b\"\n"),
+        "bucketfs.toml: storage: expected a table ([storage]), found string \"s3://b\""
+    );
+    assert_eq!(
+        error("[servers]\nnbd = 1\n"),
+        "bucketfs.toml: servers.nbd: expected a table ([servers.nbd]), found integer 1"
+    );
+    assert_eq!(
+        error("[[cache]]\ndir = \"x\"\n"),
+        "bucketfs.toml: cache: expected a table ([cache]), found an array"
+    );
+}
+
+// --- ${VAR} substitution -------------------------------------------------------------
+
+#[test]
+fn missing_variable_names_file_key_and_variable() {
+    assert_eq!(
+        error("[storage]\nencryption_password = \"${BUCKETFS_PASSWORD}\"\n"),
+        "bucketfs.toml: storage.encryption_password: environment variable \
+         BUCKETFS_PASSWORD is not set"
+    );
+    assert_eq!(
+        error("[servers.nbd]\nlisten = [\"127.0.0.1:1\", \"${ADDR}\"]\n"),
+        "bucketfs.toml: servers.nbd.listen[1]: environment variable ADDR is not set"
+    );
+}
+
+#[test]
+fn variables_are_substituted_inside_longer_strings() {
+    let vars = [("BUCKET", "my-bucket"), ("ENV", "prod"), ("PORT", "4000")];
+    let config = parse_env(
+        "[storage]\nurl = \"s3://${BUCKET}/bucketfs-${ENV}/${ENV}\"\n\
+         [servers.nbd]\nlisten = [\"127.0.0.1:${PORT}\"]\n\
+         [cache]\ndisk_bytes_max = \"${PORT}M\"\n",
+        &vars,
+    )
+    .unwrap();
+    assert_eq!(config.storage.url, "s3://my-bucket/bucketfs-prod/prod");
+    assert_eq!(
+        config.servers.nbd.listen,
+        vec!["127.0.0.1:4000".parse().unwrap()]
+    );
+    assert_eq!(config.cache.disk_bytes_max, 4000 << 20);
+}
+
+#[test]
+fn substituted_value_is_checked_like_a_literal() {
+    assert_eq!(
+        error_env("[storage]\ncompression = \"${C}\"\n", &[("C", "gzip")]),
+        "bucketfs.toml: storage.compression: expected one of zstd, lz4, none, found \"gzip\""
+    );
+}
+
+#[test]
+fn dollar_dollar_brace_is_a_literal_dollar_brace() {
+    let config = parse("[storage]\nencryption_password = \"a$${HOME}b$$c$d$\"\n").unwrap();
+    assert_eq!(
+        config.storage.encryption_password.as_deref(),
+        Some("a${HOME}b$$c$d$")
+    );
+}
+
+#[test]
+fn substitution_is_a_single_pass() {
+    let vars = [("A", "${B}"), ("B", "never")];
+    let config = parse_env("[storage]\nencryption_password = \"${A}\"\n", &vars).unwrap();
+    assert_eq!(config.storage.encryption_password.as_deref(), Some("${B}"));
+}
+
+#[test]
+fn variable_may_be_set_to_the_empty_string() {
+    let config = parse_env("[aws]\nregion = \"x${EMPTY}y\"\n", &[("EMPTY", "")]).unwrap();
+    assert_eq!(config.aws.region.as_deref(), Some("xy"));
+}
+
+#[test]
+fn malformed_references_are_errors() {
+    assert_eq!(
+        error("[aws]\nregion = \"${REGION\"\n"),
+        "bucketfs.toml: aws.region: `${` without a closing `}` (write `$${` for a literal `${`)"
+    );
+    assert_eq!(
+        error("[aws]\nregion = \"${}\"\n"),
+        "bucketfs.toml: aws.region: `${}` is not a valid environment variable name \
+         (letters, digits and _, not starting with a digit; write `$${` for a literal `${`)"
+    );
+    for bad in ["${1X}", "${A-B}", "${A B}", "${a.b}"] {
+        let message = error(&format!("[aws]\nregion = \"{bad}\"\n"));
+        assert!(
+            message.contains("is not a valid environment variable name"),
+            "{message}"
+        );
+    }
+}
+
+#[test]
+fn only_string_values_are_substituted() {
+    // Keys are never substituted, so `${X}` as a key is just an unknown key.
+    assert_eq!(
+        error_env("[aws]\n\"${X}\" = \"y\"\n", &[("X", "region")]),
+        "bucketfs.toml: unknown key `aws.\"${X}\"` (expected one of: access_key_id, \
+         secret_access_key, session_token, region, endpoint, allow_http)"
+    );
+    assert_eq!(substitute("plain", &|_| None), Ok("plain".to_string()));
+    assert_eq!(
+        substitute("${X}", &|_| None),
+        Err(SubstituteError::Missing("X".to_string()))
+    );
+}
+
+#[test]
+fn substituted_text_cannot_inject_toml() {
+    let vars = [("PW", "x\"\n[admin]\nlisten = \"0.0.0.0:1")];
+    let config = parse_env("[storage]\nencryption_password = \"${PW}\"\n", &vars).unwrap();
+    assert_eq!(
+        config.storage.encryption_password.as_deref(),
+        Some(vars[0].1)
+    );
+    assert_eq!(config.admin, AdminConfig::default());
+}
+
+// --- values --------------------------------------------------------------------------
+
+#[test]
+fn sizes_accept_strings_with_units_and_integers() {
+    for (text, bytes) in [
+        ("\"4096\"", 4096),
+        ("4096", 4096),
+        ("0", 0),
+        ("\"2K\"", 2 << 10),
+        ("\"2KB\"", 2 << 10),
+        ("\"2KiB\"", 2 << 10),
+        ("\"3M\"", 3 << 20),
+        ("\"3 MiB\"", 3 << 20),
+        ("\"4G\"", 4 << 30),
+        ("\"4gb\"", 4 << 30),
+        ("\"5T\"", 5 << 40),
+        ("\"5TiB\"", 5 << 40),
+    ] {
+        let config = parse(&format!("[cache]\ndisk_bytes_max = {text}\n")).unwrap();
+        assert_eq!(config.cache.disk_bytes_max, bytes, "{text}");
+    }
+}
+
+#[test]
+fn bad_sizes_name_key_and_expected_form() {
+    assert_eq!(
+        error("[cache]\nmemory_bytes_max = \"1 GX\"\n"),
+        "bucketfs.toml: cache.memory_bytes_max: invalid size \"1 GX\": unknown unit \"GX\"; \
+         use B, K, M, G or T (also KB/KiB, MB/MiB, GB/GiB, TB/TiB; 1K = 1024)"
+    );
+    assert_eq!(
+        error("[cache]\ndisk_bytes_max = \"99999999T\"\n"),
+        "bucketfs.toml: cache.disk_bytes_max: invalid size \"99999999T\": larger than the \
+         maximum of 18446744073709551615 bytes"
+    );
+    assert_eq!(
+        error("[cache]\ndisk_bytes_max = -1\n"),
+        "bucketfs.toml: cache.disk_bytes_max: a size cannot be negative, found -1"
+    );
+    assert_eq!(
+        error("[cache]\ndisk_bytes_max = 1.5\n"),
+        "bucketfs.toml: cache.disk_bytes_max: expected a size such as \"10GiB\" or an \
+         integer number of bytes, found float 1.5"
+    );
+}
+
+#[test]
+fn size_deserializer_matches_the_schema_check() {
+    // Stage 5 must accept what stage 4 accepted; exercise it directly on odd inputs.
+    let cache: CacheConfig =
+        toml::from_str("disk_bytes_max = \"7k\"\nmemory_bytes_max = 9").unwrap();
+    assert_eq!((cache.disk_bytes_max, cache.memory_bytes_max), (7 << 10, 9));
+    let error = toml::from_str::<CacheConfig>("disk_bytes_max = -5").unwrap_err();
+    assert!(error.message().contains("cannot be negative"), "{error}");
+}
+
+#[test]
+fn compression_names() {
+    for (name, expected) in [
+        ("zstd", Compression::Zstd),
+        ("lz4", Compression::Lz4),
+        ("none", Compression::None),
+    ] {
+        let config = parse(&format!("[storage]\ncompression = \"{name}\"\n")).unwrap();
+        assert_eq!(config.storage.compression, expected);
+        assert_eq!(expected.to_string(), name);
+    }
+    assert_eq!(
+        error("[storage]\ncompression = \"ZSTD\"\n"),
+        "bucketfs.toml: storage.compression: expected one of zstd, lz4, none, found \"ZSTD\""
+    );
+    assert_eq!(
+        error("[storage]\ncompression = false\n"),
+        "bucketfs.toml: storage.compression: expected one of zstd, lz4, none, found \
+         boolean false"
+    );
+}
+
+#[test]
+fn flush_interval_must_be_positive() {
+    assert_eq!(
+        error("[storage]\nflush_interval_ms = 0\n"),
+        "bucketfs.toml: storage.flush_interval_ms: expected a positive number of \
+         milliseconds, found 0"
+    );
+    assert_eq!(
+        error("[storage]\nflush_interval_ms = -10\n"),
+        "bucketfs.toml: storage.flush_interval_ms: expected a positive number of \
+         milliseconds, found -10"
+    );
+    assert_eq!(
+        error("[storage]\nflush_interval_ms = \"2s\"\n"),
+        "bucketfs.toml: storage.flush_interval_ms: expected a positive integer number of \
+         milliseconds, found string \"2s\""
+    );
+    assert_eq!(
+        parse("[storage]\nflush_interval_ms = 1\n")
+            .unwrap()
+            .storage
+            .flush_interval_ms,
+        1
+    );
+}
+
+#[test]
+fn bad_socket_addresses_name_the_key() {
+    assert_eq!(
+        error("[admin]\nlisten = \"localhost:10810\"\n"),
+        "bucketfs.toml: admin.listen: expected an IP address and port such as \
+         \"127.0.0.1:10809\" or \"[::1]:10809\" (host names are not resolved), found \
+         \"localhost:10810\""
+    );
+    assert_eq!(
+        error("[servers.nbd]\nlisten = [\"127.0.0.1:1\", \"127.0.0.1\"]\n"),
+        "bucketfs.toml: servers.nbd.listen[1]: expected an IP address and port such as \
+         \"127.0.0.1:10809\" or \"[::1]:10809\" (host names are not resolved), found \
+         \"127.0.0.1\""
+    );
+    assert_eq!(
+        error("[servers.nbd]\nlisten = \"127.0.0.1:1\"\n"),
+        "bucketfs.toml: servers.nbd.listen: expected an array, found string \"127.0.0.1:1\""
+    );
+    assert_eq!(
+        error("[servers.nbd]\nlisten = [10809]\n"),
+        "bucketfs.toml: servers.nbd.listen[0]: expected an IP address and port such as \
+         \"127.0.0.1:10809\" or \"[::1]:10809\", found integer 10809"
+    );
+    for bad in ["127.0.0.1:65536", "::1:80", "1.2.3:4", ""] {
+        let message = error(&format!("[admin]\nlisten = \"{bad}\"\n"));
+        assert!(
+            message.starts_with("bucketfs.toml: admin.listen: expected"),
+            "{message}"
+        );
+    }
+}
+
+#[test]
+fn empty_listen_list_means_no_tcp() {
+    let config = parse("[servers.nbd]\nlisten = []\nunix_socket = \"/tmp/b.sock\"\n").unwrap();
+    assert!(config.servers.nbd.listen.is_empty());
+    assert_eq!(
+        config.servers.nbd.unix_socket,
+        Some(PathBuf::from("/tmp/b.sock"))
+    );
+}
+
+#[test]
+fn listeners_that_cannot_all_bind_are_errors() {
+    assert_eq!(
+        error("[servers.nbd]\nlisten = [\"127.0.0.1:5000\", \"127.0.0.1:5000\"]\n"),
+        "bucketfs.toml: servers.nbd.listen: 127.0.0.1:5000 clashes with 127.0.0.1:5000, \
+         listed before it"
+    );
+    assert_eq!(
+        error("[servers.nbd]\nlisten = [\"0.0.0.0:5000\", \"127.0.0.1:5000\"]\n"),
+        "bucketfs.toml: servers.nbd.listen: 127.0.0.1:5000 clashes with 0.0.0.0:5000, \
+         listed before it"
+    );
+    assert_eq!(
+        error("[admin]\nlisten = \"127.0.0.1:10809\"\n"),
+        "bucketfs.toml: admin.listen: 127.0.0.1:10809 clashes with 127.0.0.1:10809 in \
+         servers.nbd.listen; give the admin endpoint a port of its own"
+    );
+    // Port 0 asks for any free port, so it never clashes (tests rely on this).
+    parse("[servers.nbd]\nlisten = [\"127.0.0.1:0\", \"[::1]:0\"]\n[admin]\nlisten = \"127.0.0.1:0\"\n")
+        .unwrap();
+    // Different specific addresses on one port are fine.
+    parse("[servers.nbd]\nlisten = [\"127.0.0.1:5000\", \"[::1]:5000\"]\n").unwrap();
+}
+
+#[test]
+fn unix_socket_path_must_fit_sun_path() {
+    let longest = format!("/{}", "s".repeat(UNIX_SOCKET_PATH_BYTES_MAX - 1));
+    parse(&format!("[servers.nbd]\nunix_socket = \"{longest}\"\n")).unwrap();
+    assert_eq!(
+        error(&format!("[servers.nbd]\nunix_socket = \"{longest}s\"\n")),
+        "bucketfs.toml: servers.nbd.unix_socket: a unix socket path can be at most 107 bytes \
+         long; this one is 108 bytes"
+    );
+    assert_eq!(
+        error("[servers.nbd]\nunix_socket = \"\"\n"),
+        "bucketfs.toml: servers.nbd.unix_socket: expected a path, found an empty string"
+    );
+}
+
+#[test]
+fn storage_urls() {
+    for good in [
+        "s3://bucket",
+        "s3://bucket/prefix/deeper",
+        "gs://bucket/prefix",
+        "az://container/prefix",
+        "file:///var/lib/bucketfs",
+        "file://./data",
+        "file://../data",
+        "memory://",
+    ] {
+        let config = parse(&format!("[storage]\nurl = \"{good}\"\n"))
+            .unwrap_or_else(|error| panic!("{good}: {error}"));
+        assert_eq!(config.storage.url, good);
+    }
+    assert_eq!(
+        error("[storage]\nurl = \"http://example.com/b\"\n"),
+        "bucketfs.toml: storage.url: unsupported scheme \"http\" in \"http://example.com/b\"; \
+         expected s3://bucket/prefix, gs://bucket/prefix, az://container/prefix, \
+         file:///absolute/path, file://./relative/path or memory://"
+    );
+    for (bad, why) in [
+        ("my-bucket", "no scheme"),
+        ("", "no scheme"),
+        ("s3://", "no bucket name"),
+        ("gs:///prefix", "no bucket name"),
+        ("az://", "no container name"),
+        ("s3://my bucket", "whitespace"),
+        ("file://data", "a file URL needs an absolute path"),
+        ("file://", "a file URL needs an absolute path"),
+        ("memory://x", "memory:// takes nothing after it"),
+        ("S3://bucket", "unsupported scheme \"S3\""),
+    ] {
+        let message = error(&format!("[storage]\nurl = \"{bad}\"\n"));
+        assert!(
+            message.starts_with(&format!("bucketfs.toml: storage.url: {why}")),
+            "{bad}: {message}"
+        );
+    }
+    assert_eq!(
+        error("[storage]\nurl = 5\n"),
+        "bucketfs.toml: storage.url: expected a URL, found integer 5"
+    );
+}
+
+#[test]
+fn wrong_types_name_key_and_expected_type() {
+    assert_eq!(
+        error("[aws]\nallow_http = \"yes\"\n"),
+        "bucketfs.toml: aws.allow_http: expected true or false, found string \"yes\""
+    );
+    assert_eq!(
+        error("[aws]\nregion = [\"a\"]\n"),
+        "bucketfs.toml: aws.region: expected a string, found an array"
+    );
+    assert_eq!(
+        error("[cache]\ndir = { path = \"x\" }\n"),
+        "bucketfs.toml: cache.dir: expected a path, found a table"
+    );
+    assert_eq!(
+        error("[cache]\ndir = \"\"\n"),
+        "bucketfs.toml: cache.dir: expected a path, found an empty string"
+    );
+}
+
+// --- syntax errors, files, output -----------------------------------------------------
+
+#[test]
+fn syntax_error_names_file_line_and_column() {
+    let message = error("[storage]\nurl = \"memory://\"\ncompression = zstd\n");
+    assert!(
+        message.starts_with("bucketfs.toml:3:15: invalid TOML: "),
+        "{message}"
+    );
+    let message = error("[storage\n");
+    assert_eq!(
+        message,
+        "bucketfs.toml:1:9: invalid TOML: invalid table header; expected `.`, `]`"
+    );
+}
+
+#[test]
+fn duplicate_key_is_a_syntax_error_with_position() {
+    let message = error("[storage]\nurl = \"memory://\"\nurl = \"memory://\"\n");
+    assert!(
+        message.starts_with("bucketfs.toml:3:1: invalid TOML: "),
+        "{message}"
+    );
+    assert!(message.contains("duplicate key"), "{message}");
+}
+
+#[test]
+fn line_column_counts_characters() {
+    assert_eq!(line_column("abc", 0), (1, 1));
+    assert_eq!(line_column("ab\ncd", 4), (2, 2));
+    assert_eq!(line_column("é\nxé", 5), (2, 3));
+    assert_eq!(line_column("ab", 99), (1, 3));
+}
+
+/// A unique scratch file under the system temp directory, removed on drop.
+struct ScratchFile(PathBuf);
+
+impl ScratchFile {
+    fn new(name: &str, contents: &str) -> ScratchFile {
+        let path = std::env::temp_dir().join(format!(
+            "bucketfs-config-test-{}-{name}",
+            std::process::id()
+        ));
+        std::fs::write(&path, contents).unwrap();
+        ScratchFile(path)
+    }
+}
+
+impl Drop for ScratchFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+#[test]
+fn load_reads_the_file_and_names_it_in_errors() {
+    let good = ScratchFile::new("good.toml", "[storage]\ncompression = \"lz4\"\n");
+    assert_eq!(
+        Config::load(&good.0).unwrap().storage.compression,
+        Compression::Lz4
+    );
+
+    let bad = ScratchFile::new("bad.toml", "[cache]\nsize = 1\n");
+    let message = Config::load(&bad.0).unwrap_err().to_string();
+    assert!(
+        message.starts_with(&format!("{}: unknown key `cache.size`", bad.0.display())),
+        "{message}"
+    );
+
+    let missing = std::env::temp_dir().join(format!(
+        "bucketfs-config-test-{}-missing.toml",
+        std::process::id()
+    ));
+    let error = Config::load(&missing).unwrap_err();
+    assert!(
+        matches!(&error, ConfigError::Read { error, .. } if error.kind() == std::io::ErrorKind::NotFound),
+        "{error:?}"
+    );
+    assert!(
+        error.to_string().starts_with(&format!(
+            "{}: cannot read the config file: ",
+            missing.display()
+        )),
+        "{error}"
+    );
+}
+
+#[test]
+fn parse_uses_the_process_environment() {
+    // Process-wide state: use a name no other test touches and only read it.
+    let config = Config::parse("[aws]\nregion = \"x$${PATH}\"\n", Path::new(ORIGIN)).unwrap();
+    assert_eq!(config.aws.region.as_deref(), Some("x${PATH}"));
+    if let Ok(path) = std::env::var("PATH") {
+        let config = Config::parse("[aws]\nregion = \"${PATH}\"\n", Path::new(ORIGIN)).unwrap();
+        assert_eq!(config.aws.region, Some(path));
+    }
+}
+
+#[test]
+fn debug_output_redacts_secrets() {
+    let vars = [("S", "TOPSECRET")];
+    let config = parse_env(
+        "[storage]\nencryption_password = \"${S}\"\n\
+         [aws]\naccess_key_id = \"AKIA\"\nsecret_access_key = \"${S}\"\nsession_token = \"${S}\"\n\
+         [gcp]\nservice_account_key = \"${S}\"\n[azure]\naccess_key = \"${S}\"\n",
+        &vars,
+    )
+    .unwrap();
+    let debug = format!("{config:?}");
+    assert!(!debug.contains("TOPSECRET"), "{debug}");
+    assert!(debug.contains("<redacted>"), "{debug}");
+    assert!(debug.contains("AKIA"), "{debug}");
+}
+
+#[test]
+fn exposure_warnings_for_public_listeners_and_memory_storage() {
+    let config = parse(
+        "[storage]\nurl = \"memory://\"\n[servers.nbd]\nlisten = [\"0.0.0.0:10809\"]\n\
+         [admin]\nlisten = \"192.168.1.5:10810\"\n",
+    )
+    .unwrap();
+    let warnings = config.exposure_warnings();
+    assert_eq!(warnings.len(), 3, "{warnings:?}");
+    assert!(warnings[0].starts_with("servers.nbd.listen: 0.0.0.0:10809 is not a loopback"));
+    assert!(warnings[1].starts_with("admin.listen: 192.168.1.5:10810 is not a loopback"));
+    assert!(warnings[2].starts_with("storage.url: memory://"));
+}
