@@ -104,7 +104,7 @@ fn load_config(path: Option<&PathBuf>) -> Result<config::Config, String> {
 
 fn init(output: &str, force: bool) -> Result<(), String> {
     if output == "-" {
-        print!("{}", config::INIT_TEMPLATE);
+        print!("{}", config::init_template());
         return Ok(());
     }
     let path = PathBuf::from(output);
@@ -113,7 +113,7 @@ fn init(output: &str, force: bool) -> Result<(), String> {
             "{output} already exists; use --force to overwrite it"
         ));
     }
-    std::fs::write(&path, config::INIT_TEMPLATE).map_err(|e| format!("{output}: {e}"))?;
+    std::fs::write(&path, config::init_template()).map_err(|e| format!("{output}: {e}"))?;
     eprintln!("wrote {output}; set BUCKETFS_PASSWORD (or storage.encryption_password) and run `bucketfs run -c {output}`");
     Ok(())
 }

@@ -4,10 +4,15 @@
 //! dotted key (`storage.compression`):
 //!
 //! 1. parse the text into a `toml::Table`; syntax errors carry a line and column;
-//! 2. walk the table against [`SCHEMA`], rejecting unknown keys and misplaced tables;
+//! 2. walk the table against the key table of keys.rs, rejecting unknown keys and misplaced
+//!    tables;
 //! 3. replace `${VAR}` in every string value with the environment variable `VAR`;
-//! 4. check every value (type, range, format) against its schema entry;
-//! 5. deserialise into [`Config`] with serde, then check rules that span several keys.
+//! 4. check every value (type, range, format) with the check declared with its key;
+//! 5. set the declared default of every key left out, deserialise into [`Config`] with
+//!    serde, then check rules that span several keys.
+//!
+//! Each key is declared once, in keys.rs; the checks, the defaults and the template that
+//! `bucketfs init` writes (template.rs) come from that declaration.
 //!
 //! Serde alone would reject the same files, but its messages do not say which key failed,
 //! and substitution must see the parsed values (not the text) so that a missing variable can
@@ -25,118 +30,22 @@ use toml::{Table, Value};
 use crate::size::parse_size;
 
 mod checks;
+mod keys;
 mod substitute;
+mod template;
 
-use checks::{check_keys, check_values, SCHEMA};
+use checks::{check_keys, check_values};
 use substitute::substitute_value;
+pub use template::init_template;
 
-/// Default bucket: a directory next to where bucketfs runs, so that a first `bucketfs run`
-/// works without any cloud account.
-pub const DEFAULT_STORAGE_URL: &str = "file://./bucketfs-data";
-/// Default bound on the loss window for writes nobody fsynced: a few seconds, as promised in
-/// DESIGN.md, while keeping idle uploads rare.
-pub const DEFAULT_FLUSH_INTERVAL_MS: u64 = 2000;
-pub const DEFAULT_CACHE_DIR: &str = "./bucketfs-cache";
-pub const DEFAULT_CACHE_DISK_BYTES_MAX: u64 = 10 << 30;
-pub const DEFAULT_CACHE_MEMORY_BYTES_MAX: u64 = 1 << 30;
-/// NBD has no authentication, so by default it listens on loopback only. 10809 is the port
-/// IANA assigned to NBD.
-pub const DEFAULT_NBD_LISTEN: &str = "127.0.0.1:10809";
-/// The admin endpoint has no authentication either, so it is loopback-only too.
-pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:10810";
 /// `sun_path` holds 108 bytes on Linux, one of them the terminating NUL.
 pub const UNIX_SOCKET_PATH_BYTES_MAX: usize = 107;
 
-/// What `bucketfs init` writes. Parsed with `BUCKETFS_PASSWORD` set, it equals
-/// [`Config::embedded_default`] plus that password (tested below). Settings without a
-/// default are present but commented out, with an example value.
-pub const INIT_TEMPLATE: &str = r#"# bucketfs configuration, written by `bucketfs init`.
-#
-# Every setting is listed with its default value; settings that have no default are
-# commented out, with an example. Unknown keys are errors, so a typo cannot go unnoticed.
-# In any string, ${NAME} is replaced by the environment variable NAME when the file is
-# loaded (write $${ for a literal ${), so secrets need not be stored in this file.
-# Sizes are a number of bytes, or a number with a unit K, M, G or T (1K = 1024 bytes).
-
-[storage]
-# Where the filesystem and its block devices are kept: s3://bucket/prefix,
-# gs://bucket/prefix, az://container/prefix, file:///absolute/path, file://./relative/path,
-# or memory:// (nothing survives the process).
-url = "file://./bucketfs-data"
-# Protects the key that encrypts everything in the bucket; without it the data cannot be
-# read. Taken from the environment so that it is not stored in this file.
-encryption_password = "${BUCKETFS_PASSWORD}"
-# Compression of file data before encryption: zstd (smaller), lz4 (faster) or none.
-# Recorded per extent, so a change applies to new writes and old data stays readable.
-# With zstd, what clients wait on while they fsync several times a second or more (every
-# commit, or a database's WAL writer) is sealed with lz4: about three times as fast, for up
-# to twice the bytes; what stays of it in small objects is rewritten later, with zstd.
-compression = "zstd"
-# Writes that nobody fsynced are uploaded at least this often (milliseconds); a crash can
-# lose only writes that are younger than this and were never flushed.
-flush_interval_ms = 2000
-
-[cache]
-# Local cache directory. It holds copies of bucket data only: deleting it loses nothing.
-dir = "./bucketfs-cache"
-# Upper bound on the disk cache, which keeps data as stored (compressed and encrypted).
-# Not used for file:// buckets, which are on local disk already.
-disk_bytes_max = "10GiB"
-# Upper bound on the memory cache of decoded data and metadata.
-memory_bytes_max = "1GiB"
-
-# Credentials and endpoint for s3:// URLs (Amazon S3, MinIO, Hetzner, R2, ...).
-[aws]
-# Access key id of the credentials.
-# access_key_id = "${AWS_ACCESS_KEY_ID}"
-# Secret access key of the credentials.
-# secret_access_key = "${AWS_SECRET_ACCESS_KEY}"
-# Session token, for temporary credentials only.
-# session_token = "${AWS_SESSION_TOKEN}"
-# Region of the bucket.
-# region = "us-east-1"
-# Endpoint of an S3-compatible service; unset means Amazon S3 itself.
-# endpoint = "http://127.0.0.1:9000"
-# Allow a plain http:// endpoint, for a test server; requests then go without TLS.
-# allow_http = false
-
-# Credentials for gs:// URLs (Google Cloud Storage).
-[gcp]
-# Path of a service-account JSON key file.
-# service_account_path = "/etc/bucketfs/gcs-service-account.json"
-# The same JSON key given inline, usually from the environment.
-# service_account_key = "${GCP_SERVICE_ACCOUNT_KEY}"
-
-# Credentials and endpoint for az:// URLs (Azure Blob Storage).
-[azure]
-# Name of the storage account.
-# account_name = "mystorageaccount"
-# Shared access key of the storage account.
-# access_key = "${AZURE_STORAGE_ACCESS_KEY}"
-# Endpoint other than the public Azure cloud.
-# endpoint = "http://127.0.0.1:10000/devstoreaccount1"
-# Allow a plain http:// endpoint, for a test server; requests then go without TLS.
-# allow_http = false
-# Use the local Azurite emulator and its well-known development account.
-# use_emulator = false
-
-[servers.nbd]
-# TCP addresses of the NBD server; [] turns TCP off. NBD has no authentication: anyone who
-# can connect can read and write every block device, so keep it on loopback unless the
-# network is trusted.
-listen = ["127.0.0.1:10809"]
-# Unix socket of the NBD server, where file permissions control access; unset means none.
-# unix_socket = "/run/bucketfs/nbd.sock"
-
-[admin]
-# Address of the admin endpoint that the CLI (`bucketfs nbd create ...`) talks to. It has no
-# authentication either, so keep it on loopback.
-listen = "127.0.0.1:10810"
-"#;
-
-/// The whole configuration file.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+/// The whole configuration file, as typed values. The keys, their checks and their defaults
+/// are declared in keys.rs; defaults are set before deserialisation, so only the keys that
+/// have none are `Option`s here.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Config {
     pub storage: StorageConfig,
     pub cache: CacheConfig,
@@ -148,9 +57,9 @@ pub struct Config {
 }
 
 #[derive(Clone, PartialEq, Eq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(deny_unknown_fields)]
 pub struct StorageConfig {
-    /// `s3://`, `gs://`, `az://`, `file://` or `memory://`; checked by [`check_storage_url`].
+    /// `s3://`, `gs://`, `az://`, `file://` or `memory://`; checked by `checks::check_storage_url`.
     pub url: String,
     pub encryption_password: Option<String>,
     pub compression: Compression,
@@ -159,7 +68,7 @@ pub struct StorageConfig {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(deny_unknown_fields)]
 pub struct CacheConfig {
     pub dir: PathBuf,
     #[serde(deserialize_with = "deserialize_size")]
@@ -169,7 +78,7 @@ pub struct CacheConfig {
 }
 
 #[derive(Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(deny_unknown_fields)]
 pub struct AwsConfig {
     pub access_key_id: Option<String>,
     pub secret_access_key: Option<String>,
@@ -180,14 +89,14 @@ pub struct AwsConfig {
 }
 
 #[derive(Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(deny_unknown_fields)]
 pub struct GcpConfig {
     pub service_account_path: Option<String>,
     pub service_account_key: Option<String>,
 }
 
 #[derive(Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(deny_unknown_fields)]
 pub struct AzureConfig {
     pub account_name: Option<String>,
     pub access_key: Option<String>,
@@ -196,14 +105,14 @@ pub struct AzureConfig {
     pub use_emulator: Option<bool>,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ServersConfig {
     pub nbd: NbdServerConfig,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(deny_unknown_fields)]
 pub struct NbdServerConfig {
     /// Empty means no TCP listener.
     pub listen: Vec<SocketAddr>,
@@ -211,15 +120,14 @@ pub struct NbdServerConfig {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(deny_unknown_fields)]
 pub struct AdminConfig {
     pub listen: SocketAddr,
 }
 
 /// Codec for file data before it is sealed.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Compression {
-    #[default]
     Zstd,
     Lz4,
     None,
@@ -300,15 +208,16 @@ impl Config {
                     line_column: error.span().map(|span| line_column(text, span.start)),
                     message: one_line(error.message()),
                 })?;
-        check_keys(&root, SCHEMA, "", origin)?;
+        check_keys(&root, "", origin)?;
         for (key, value) in root.iter_mut() {
             substitute_value(value, &join_key("", key), env, origin)?;
         }
-        check_values(&root, SCHEMA, "", origin)?;
+        check_values(&root, origin)?;
+        keys::fill_defaults(&mut root);
         let config: Config = Value::Table(root)
             .try_into()
             .map_err(|error: toml::de::Error| ConfigError::InvalidValue {
-                // Unreachable while SCHEMA matches the structs (a test checks that), but a
+                // Unreachable while the key table matches the structs (a test checks that), but a
                 // mismatch must still come out as an error, not a panic.
                 path: origin.to_path_buf(),
                 key: "(file)".to_string(),
@@ -320,7 +229,8 @@ impl Config {
 
     /// The configuration used when there is no file, and what an empty file means.
     pub fn embedded_default() -> Config {
-        Config::default()
+        Config::parse_with_env("", Path::new("(embedded default)"), &|_| None)
+            .expect("the declared defaults are valid (tested)")
     }
 
     /// Settings that work but that the operator should know about, one sentence each.
@@ -390,49 +300,6 @@ fn addresses_clash(a: &SocketAddr, b: &SocketAddr) -> bool {
     a.port() == b.port()
         && a.port() != 0
         && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
-}
-
-impl Default for StorageConfig {
-    fn default() -> Self {
-        StorageConfig {
-            url: DEFAULT_STORAGE_URL.to_string(),
-            encryption_password: None,
-            compression: Compression::Zstd,
-            flush_interval_ms: DEFAULT_FLUSH_INTERVAL_MS,
-        }
-    }
-}
-
-impl Default for CacheConfig {
-    fn default() -> Self {
-        CacheConfig {
-            dir: PathBuf::from(DEFAULT_CACHE_DIR),
-            disk_bytes_max: DEFAULT_CACHE_DISK_BYTES_MAX,
-            memory_bytes_max: DEFAULT_CACHE_MEMORY_BYTES_MAX,
-        }
-    }
-}
-
-impl Default for NbdServerConfig {
-    fn default() -> Self {
-        NbdServerConfig {
-            listen: vec![parse_default_address(DEFAULT_NBD_LISTEN)],
-            unix_socket: None,
-        }
-    }
-}
-
-impl Default for AdminConfig {
-    fn default() -> Self {
-        AdminConfig {
-            listen: parse_default_address(DEFAULT_ADMIN_LISTEN),
-        }
-    }
-}
-
-fn parse_default_address(text: &str) -> SocketAddr {
-    text.parse()
-        .expect("default listen addresses are valid literals (tested)")
 }
 
 // Secrets must not reach logs through `{:?}`, so the structs that hold them print only

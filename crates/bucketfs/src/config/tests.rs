@@ -1,4 +1,4 @@
-use super::checks::Node;
+use super::keys::{self, lookup};
 use super::substitute::{substitute, SubstituteError};
 use super::*;
 
@@ -31,24 +31,9 @@ fn error_env(text: &str, vars: &[(&str, &str)]) -> String {
     }
 }
 
-/// Every dotted leaf key of the schema, e.g. `servers.nbd.listen`.
-fn schema_leaves(schema: &[(&str, Node)], prefix: &str, out: &mut Vec<String>) {
-    for (name, node) in schema {
-        let dotted = join_key(prefix, name);
-        match node {
-            Node::Table(children) => schema_leaves(children, &dotted, out),
-            Node::Leaf(_) | Node::List(_) => out.push(dotted),
-        }
-    }
-}
-
-fn lookup<'v>(table: &'v Table, dotted: &str) -> Option<&'v Value> {
-    let mut parts = dotted.split('.');
-    let mut value = table.get(parts.next()?)?;
-    for part in parts {
-        value = value.as_table()?.get(part)?;
-    }
-    Some(value)
+/// Every declared key, dotted: `servers.nbd.listen`.
+fn declared_keys() -> Vec<&'static str> {
+    keys::keys().iter().map(|key| &*key.path).collect()
 }
 
 // --- defaults and the init template -------------------------------------------------
@@ -78,10 +63,10 @@ fn embedded_default_is_local_and_loopback_only() {
     assert_eq!(config.cache.memory_bytes_max, 1 << 30);
     assert_eq!(
         config.servers.nbd.listen,
-        vec![DEFAULT_NBD_LISTEN.parse().unwrap()]
+        vec!["127.0.0.1:10809".parse().unwrap()]
     );
     assert_eq!(config.servers.nbd.unix_socket, None);
-    assert_eq!(config.admin.listen, DEFAULT_ADMIN_LISTEN.parse().unwrap());
+    assert_eq!(config.admin.listen, "127.0.0.1:10810".parse().unwrap());
     assert!(config.exposure_warnings().is_empty());
     assert_eq!(config.aws, AwsConfig::default());
     assert_eq!(config.gcp, GcpConfig::default());
@@ -90,7 +75,7 @@ fn embedded_default_is_local_and_loopback_only() {
 
 #[test]
 fn init_template_parses_to_the_default_plus_password() {
-    let config = parse_env(INIT_TEMPLATE, &[("BUCKETFS_PASSWORD", "hunter2")]).unwrap();
+    let config = parse_env(&init_template(), &[("BUCKETFS_PASSWORD", "hunter2")]).unwrap();
     let mut expected = Config::embedded_default();
     expected.storage.encryption_password = Some("hunter2".to_string());
     assert_eq!(config, expected);
@@ -99,7 +84,7 @@ fn init_template_parses_to_the_default_plus_password() {
 #[test]
 fn init_template_without_password_variable_names_key_and_variable() {
     assert_eq!(
-        error(INIT_TEMPLATE),
+        error(&init_template()),
         "bucketfs.toml: storage.encryption_password: environment variable \
          BUCKETFS_PASSWORD is not set"
     );
@@ -125,7 +110,7 @@ fn is_setting(line: &str) -> bool {
 
 #[test]
 fn init_template_lists_every_key_and_its_examples_are_valid() {
-    let full = uncomment_examples(INIT_TEMPLATE);
+    let full = uncomment_examples(&init_template());
     let any_variable = |_: &str| Some("from-env".to_string());
     let config = Config::parse_with_env(&full, Path::new(ORIGIN), &any_variable)
         .unwrap_or_else(|error| panic!("{error}"));
@@ -137,17 +122,49 @@ fn init_template_lists_every_key_and_its_examples_are_valid() {
     assert_eq!(config.gcp.service_account_key.as_deref(), Some("from-env"));
 
     let table: Table = full.parse().unwrap();
-    let mut leaves = Vec::new();
-    schema_leaves(SCHEMA, "", &mut leaves);
+    let leaves = declared_keys();
     assert_eq!(leaves.len(), 23);
-    for leaf in &leaves {
-        assert!(lookup(&table, leaf).is_some(), "INIT_TEMPLATE lacks {leaf}");
+    for leaf in leaves {
+        assert!(lookup(&table, leaf).is_some(), "the template lacks {leaf}");
+    }
+}
+
+/// Every dotted key that `table` sets, tables walked into.
+fn leaves_of(table: &Table, prefix: &str, out: &mut Vec<String>) {
+    for (name, value) in table {
+        let dotted = join_key(prefix, name);
+        match value {
+            Value::Table(child) => leaves_of(child, &dotted, out),
+            _ => out.push(dotted),
+        }
+    }
+}
+
+#[test]
+fn every_key_of_the_template_is_known_to_the_checker() {
+    let table: Table = uncomment_examples(&init_template()).parse().unwrap();
+    let mut leaves = Vec::new();
+    leaves_of(&table, "", &mut leaves);
+    assert_eq!(leaves.len(), declared_keys().len());
+    for leaf in leaves {
+        assert!(
+            keys::find(&leaf).is_some(),
+            "the checker does not know {leaf}"
+        );
+    }
+}
+
+#[test]
+fn explained_tables_hold_keys() {
+    for section in keys::SECTIONS {
+        assert!(keys::is_table(section.path), "{}", section.path);
     }
 }
 
 #[test]
 fn init_template_explains_every_setting() {
-    let lines: Vec<&str> = INIT_TEMPLATE.lines().collect();
+    let template = init_template();
+    let lines: Vec<&str> = template.lines().collect();
     for (index, line) in lines.iter().enumerate() {
         let setting = line.strip_prefix("# ").unwrap_or(line);
         if !is_setting(setting) {
@@ -162,16 +179,15 @@ fn init_template_explains_every_setting() {
 }
 
 #[test]
-fn schema_and_structs_accept_the_same_keys() {
-    // A key in SCHEMA but not in the structs would pass stage 2 and then fail serde's
+fn key_table_and_structs_accept_the_same_keys() {
+    // A key in the key table but not in the structs would pass stage 2 and then fail serde's
     // deny_unknown_fields with a message that names no key. Set each leaf on its own
-    // with a valid value and check that serde takes it.
-    let full: Table = uncomment_examples(INIT_TEMPLATE).parse().unwrap();
-    let mut leaves = Vec::new();
-    schema_leaves(SCHEMA, "", &mut leaves);
-    for leaf in leaves {
+    // with a valid value and check that serde takes it. (A struct field missing from the
+    // table has no default, so the empty file fails to deserialise: tested above.)
+    let full: Table = uncomment_examples(&init_template()).parse().unwrap();
+    for leaf in declared_keys() {
         let (section, key) = leaf.rsplit_once('.').unwrap();
-        let value = lookup(&full, &leaf).unwrap();
+        let value = lookup(&full, leaf).unwrap();
         let text = format!("[{section}]\n{key} = {value}\n");
         let any_variable = |_: &str| Some("x".to_string());
         Config::parse_with_env(&text, Path::new(ORIGIN), &any_variable)
@@ -451,7 +467,7 @@ fn substituted_text_cannot_inject_toml() {
         config.storage.encryption_password.as_deref(),
         Some(vars[0].1)
     );
-    assert_eq!(config.admin, AdminConfig::default());
+    assert_eq!(config.admin, Config::embedded_default().admin);
 }
 
 // --- values --------------------------------------------------------------------------
@@ -501,12 +517,14 @@ fn bad_sizes_name_key_and_expected_form() {
 }
 
 #[test]
-fn size_deserializer_matches_the_schema_check() {
+fn size_deserializer_matches_the_value_check() {
     // Stage 5 must accept what stage 4 accepted; exercise it directly on odd inputs.
     let cache: CacheConfig =
-        toml::from_str("disk_bytes_max = \"7k\"\nmemory_bytes_max = 9").unwrap();
+        toml::from_str("dir = \"c\"\ndisk_bytes_max = \"7k\"\nmemory_bytes_max = 9").unwrap();
     assert_eq!((cache.disk_bytes_max, cache.memory_bytes_max), (7 << 10, 9));
-    let error = toml::from_str::<CacheConfig>("disk_bytes_max = -5").unwrap_err();
+    let error =
+        toml::from_str::<CacheConfig>("dir = \"c\"\ndisk_bytes_max = -5\nmemory_bytes_max = 9")
+            .unwrap_err();
     assert!(error.message().contains("cannot be negative"), "{error}");
 }
 

@@ -1,0 +1,344 @@
+//! Every key of the config file, declared once: its dotted path, how its value is checked, its
+//! default (or an example), and the sentences that explain it. The key checker and the value
+//! checks (checks.rs), the defaults of unset keys, and the template of `bucketfs init`
+//! (template.rs) all come from this table; the structs of the parent module are the typed
+//! result, and tests check that they take exactly these keys.
+
+use std::borrow::Cow;
+use std::sync::LazyLock;
+
+use toml::{Table, Value};
+
+use super::checks::{
+    check_bool, check_compression, check_flush_interval, check_path, check_size,
+    check_socket_address, check_storage_url, check_string, check_unix_socket, CheckFn,
+};
+
+/// How the value of a key is checked after substitution.
+#[derive(Clone, Copy)]
+pub(super) enum Check {
+    One(CheckFn),
+    /// An array whose every element passes; errors name `key[index]`.
+    Each(CheckFn),
+}
+
+/// What a key means when the file leaves it out, and what `bucketfs init` writes for it. The
+/// values are TOML text.
+#[derive(Clone)]
+pub(super) enum Shown {
+    /// The default, written as a setting.
+    Default(Cow<'static, str>),
+    /// No default (the key stays unset); an example, written commented out.
+    Example(&'static str),
+    /// No default, but `init` writes this setting all the same: the password, taken from the
+    /// environment, which a server needs before it can open its bucket.
+    Suggested(&'static str),
+}
+
+#[derive(Clone)]
+pub(super) struct Key {
+    /// `servers.nbd.listen`: every part a bare TOML key.
+    pub path: Cow<'static, str>,
+    pub check: Check,
+    pub shown: Shown,
+    /// What the key does, in sentences; the template's comment above it.
+    pub doc: Cow<'static, str>,
+}
+
+/// A table that the template explains above its header.
+pub(super) struct Section {
+    pub path: &'static str,
+    pub doc: &'static str,
+}
+
+impl Shown {
+    pub(super) fn default(&self) -> Option<&str> {
+        match self {
+            Shown::Default(text) => Some(text),
+            Shown::Example(_) | Shown::Suggested(_) => None,
+        }
+    }
+}
+
+impl Key {
+    /// The table that holds the key, and the key's name in it.
+    pub(super) fn split(&self) -> (&str, &str) {
+        self.path
+            .rsplit_once('.')
+            .expect("every key sits in a table (tested)")
+    }
+}
+
+const fn key(path: &'static str, check: Check, shown: Shown, doc: &'static str) -> Key {
+    Key {
+        path: Cow::Borrowed(path),
+        check,
+        shown,
+        doc: Cow::Borrowed(doc),
+    }
+}
+
+const fn default(text: &'static str) -> Shown {
+    Shown::Default(Cow::Borrowed(text))
+}
+
+use Check::{Each, One};
+use Shown::{Example, Suggested};
+
+/// The keys, a table's keys together; the template keeps this order.
+const DECLARED: &[Key] = &[
+    // A directory next to where bucketfs runs, so that a first `bucketfs run` works without
+    // any cloud account.
+    key(
+        "storage.url",
+        One(check_storage_url),
+        default("\"file://./bucketfs-data\""),
+        "Where the filesystem and its block devices are kept: s3://bucket/prefix, \
+         gs://bucket/prefix, az://container/prefix, file:///absolute/path, \
+         file://./relative/path, or memory:// (nothing survives the process).",
+    ),
+    key(
+        "storage.encryption_password",
+        One(check_string),
+        Suggested("\"${BUCKETFS_PASSWORD}\""),
+        "Protects the key that encrypts everything in the bucket; without it the data cannot \
+         be read. Taken from the environment so that it is not stored in this file.",
+    ),
+    key(
+        "storage.compression",
+        One(check_compression),
+        default("\"zstd\""),
+        "Compression of file data before encryption: zstd (smaller), lz4 (faster) or none. \
+         Recorded per extent, so a change applies to new writes and old data stays readable. \
+         With zstd, what clients wait on while they fsync several times a second or more \
+         (every commit, or a database's WAL writer) is sealed with lz4: about three times as \
+         fast, for up to twice the bytes; what stays of it in small objects is rewritten \
+         later, with zstd.",
+    ),
+    // A few seconds, as promised in DESIGN.md, while keeping idle uploads rare.
+    key(
+        "storage.flush_interval_ms",
+        One(check_flush_interval),
+        default("2000"),
+        "Writes that nobody fsynced are uploaded at least this often (milliseconds); a crash \
+         can lose only writes that are younger than this and were never flushed.",
+    ),
+    key(
+        "cache.dir",
+        One(check_path),
+        default("\"./bucketfs-cache\""),
+        "Local cache directory. It holds copies of bucket data only: deleting it loses nothing.",
+    ),
+    key(
+        "cache.disk_bytes_max",
+        One(check_size),
+        default("\"10GiB\""),
+        "Upper bound on the disk cache, which keeps data as stored (compressed and encrypted). \
+         Not used for file:// buckets, which are on local disk already.",
+    ),
+    key(
+        "cache.memory_bytes_max",
+        One(check_size),
+        default("\"1GiB\""),
+        "Upper bound on the memory cache of decoded data and metadata.",
+    ),
+    key(
+        "aws.access_key_id",
+        One(check_string),
+        Example("\"${AWS_ACCESS_KEY_ID}\""),
+        "Access key id of the credentials.",
+    ),
+    key(
+        "aws.secret_access_key",
+        One(check_string),
+        Example("\"${AWS_SECRET_ACCESS_KEY}\""),
+        "Secret access key of the credentials.",
+    ),
+    key(
+        "aws.session_token",
+        One(check_string),
+        Example("\"${AWS_SESSION_TOKEN}\""),
+        "Session token, for temporary credentials only.",
+    ),
+    key(
+        "aws.region",
+        One(check_string),
+        Example("\"us-east-1\""),
+        "Region of the bucket.",
+    ),
+    key(
+        "aws.endpoint",
+        One(check_string),
+        Example("\"http://127.0.0.1:9000\""),
+        "Endpoint of an S3-compatible service; unset means Amazon S3 itself.",
+    ),
+    key(
+        "aws.allow_http",
+        One(check_bool),
+        Example("false"),
+        "Allow a plain http:// endpoint, for a test server; requests then go without TLS.",
+    ),
+    key(
+        "gcp.service_account_path",
+        One(check_string),
+        Example("\"/etc/bucketfs/gcs-service-account.json\""),
+        "Path of a service-account JSON key file.",
+    ),
+    key(
+        "gcp.service_account_key",
+        One(check_string),
+        Example("\"${GCP_SERVICE_ACCOUNT_KEY}\""),
+        "The same JSON key given inline, usually from the environment.",
+    ),
+    key(
+        "azure.account_name",
+        One(check_string),
+        Example("\"mystorageaccount\""),
+        "Name of the storage account.",
+    ),
+    key(
+        "azure.access_key",
+        One(check_string),
+        Example("\"${AZURE_STORAGE_ACCESS_KEY}\""),
+        "Shared access key of the storage account.",
+    ),
+    key(
+        "azure.endpoint",
+        One(check_string),
+        Example("\"http://127.0.0.1:10000/devstoreaccount1\""),
+        "Endpoint other than the public Azure cloud.",
+    ),
+    key(
+        "azure.allow_http",
+        One(check_bool),
+        Example("false"),
+        "Allow a plain http:// endpoint, for a test server; requests then go without TLS.",
+    ),
+    key(
+        "azure.use_emulator",
+        One(check_bool),
+        Example("false"),
+        "Use the local Azurite emulator and its well-known development account.",
+    ),
+    // NBD has no authentication, so by default it listens on loopback only. 10809 is the
+    // port IANA assigned to NBD.
+    key(
+        "servers.nbd.listen",
+        Each(check_socket_address),
+        default("[\"127.0.0.1:10809\"]"),
+        "TCP addresses of the NBD server; [] turns TCP off. NBD has no authentication: anyone \
+         who can connect can read and write every block device, so keep it on loopback unless \
+         the network is trusted.",
+    ),
+    key(
+        "servers.nbd.unix_socket",
+        One(check_unix_socket),
+        Example("\"/run/bucketfs/nbd.sock\""),
+        "Unix socket of the NBD server, where file permissions control access; unset means \
+         none.",
+    ),
+    // The admin endpoint has no authentication either, so it is loopback-only too.
+    key(
+        "admin.listen",
+        One(check_socket_address),
+        default("\"127.0.0.1:10810\""),
+        "Address of the admin endpoint that the CLI (`bucketfs nbd create ...`) talks to. It \
+         has no authentication either, so keep it on loopback.",
+    ),
+];
+
+pub(super) const SECTIONS: &[Section] = &[
+    Section {
+        path: "aws",
+        doc: "Credentials and endpoint for s3:// URLs (Amazon S3, MinIO, Hetzner, R2, ...).",
+    },
+    Section {
+        path: "gcp",
+        doc: "Credentials for gs:// URLs (Google Cloud Storage).",
+    },
+    Section {
+        path: "azure",
+        doc: "Credentials and endpoint for az:// URLs (Azure Blob Storage).",
+    },
+];
+
+/// Every key of the file, in the template's order.
+pub(super) fn keys() -> &'static [Key] {
+    static KEYS: LazyLock<Vec<Key>> = LazyLock::new(|| DECLARED.to_vec());
+    &KEYS
+}
+
+pub(super) fn find(path: &str) -> Option<&'static Key> {
+    keys().iter().find(|key| key.path == path)
+}
+
+/// Whether `path` names a table that holds keys (`servers`, `servers.nbd`).
+pub(super) fn is_table(path: &str) -> bool {
+    keys().iter().any(|key| {
+        key.path
+            .strip_prefix(path)
+            .is_some_and(|rest| rest.starts_with('.'))
+    })
+}
+
+/// The names that may appear in the table at `prefix` ("" for the top level), in the order
+/// of the table above.
+pub(super) fn names_in(prefix: &str) -> Vec<&'static str> {
+    let mut names: Vec<&'static str> = Vec::new();
+    for key in keys() {
+        let rest = if prefix.is_empty() {
+            Some(&*key.path)
+        } else {
+            key.path
+                .strip_prefix(prefix)
+                .and_then(|rest| rest.strip_prefix('.'))
+        };
+        if let Some(name) = rest.and_then(|rest| rest.split('.').next()) {
+            if !names.contains(&name) {
+                names.push(name);
+            }
+        }
+    }
+    names
+}
+
+/// The value at a dotted path, when every table on the way is there.
+pub(super) fn lookup<'v>(table: &'v Table, path: &str) -> Option<&'v Value> {
+    let mut parts = path.split('.');
+    let mut value = table.get(parts.next()?)?;
+    for part in parts {
+        value = value.as_table()?.get(part)?;
+    }
+    Some(value)
+}
+
+/// Sets every unset key that has a default, and creates every table, so that the structs
+/// need no defaults of their own. Runs after the checks, which made every table a table.
+pub(super) fn fill_defaults(root: &mut Table) {
+    for key in keys() {
+        let (table_path, name) = key.split();
+        let mut table = &mut *root;
+        for part in table_path.split('.') {
+            table = table
+                .entry(part)
+                .or_insert_with(|| Value::Table(Table::new()))
+                .as_table_mut()
+                .expect("check_keys let through only tables where the keys have tables");
+        }
+        if let Some(text) = key.shown.default() {
+            if !table.contains_key(name) {
+                table.insert(name.to_string(), parse_value(text));
+            }
+        }
+    }
+}
+
+/// A value written as TOML text.
+pub(super) fn parse_value(text: &str) -> Value {
+    let mut table: Table = format!("value = {text}")
+        .parse()
+        .expect("defaults are valid TOML values (tested)");
+    table
+        .remove("value")
+        .expect("a table parsed from `value = ...` holds `value`")
+}
