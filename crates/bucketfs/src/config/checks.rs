@@ -146,6 +146,16 @@ pub(super) fn check_flush_interval(value: &Value) -> Result<(), String> {
     }
 }
 
+pub(super) fn check_count(value: &Value) -> Result<(), String> {
+    match value {
+        Value::Integer(count) if *count >= 0 => Ok(()),
+        other => Err(format!(
+            "expected a non-negative integer, found {}",
+            describe(other)
+        )),
+    }
+}
+
 pub(super) fn check_size(value: &Value) -> Result<(), String> {
     match value {
         Value::Integer(bytes) if *bytes < 0 => Err(negative_size_message(*bytes)),

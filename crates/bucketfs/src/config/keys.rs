@@ -28,6 +28,9 @@ pub(super) enum Check {
 pub(super) enum Shown {
     /// The default, written as a setting.
     Default(Cow<'static, str>),
+    /// The default, written commented out, so that a file keeps following the default when a
+    /// later version changes it: the tuning values.
+    CommentedDefault(Cow<'static, str>),
     /// No default (the key stays unset); an example, written commented out.
     Example(&'static str),
     /// No default, but `init` writes this setting all the same: the password, taken from the
@@ -54,7 +57,7 @@ pub(super) struct Section {
 impl Shown {
     pub(super) fn default(&self) -> Option<&str> {
         match self {
-            Shown::Default(text) => Some(text),
+            Shown::Default(text) | Shown::CommentedDefault(text) => Some(text),
             Shown::Example(_) | Shown::Suggested(_) => None,
         }
     }
@@ -85,7 +88,8 @@ const fn default(text: &'static str) -> Shown {
 use Check::{Each, One};
 use Shown::{Example, Suggested};
 
-/// The keys, a table's keys together; the template keeps this order.
+/// The keys of every table but `[tuning]`, whose keys are the fields of the engine's `Tuning`
+/// (tuning.rs). A table's keys are listed together; the template keeps this order.
 const DECLARED: &[Key] = &[
     // A directory next to where bucketfs runs, so that a first `bucketfs run` works without
     // any cloud account.
@@ -260,11 +264,21 @@ pub(super) const SECTIONS: &[Section] = &[
         path: "azure",
         doc: "Credentials and endpoint for az:// URLs (Azure Blob Storage).",
     },
+    Section {
+        path: "tuning",
+        doc: "Values fitted to a workload on a machine; docs/benchmarks.md has the \
+              measurements. Each is listed with its default, commented out so that the \
+              default applies.",
+    },
 ];
 
 /// Every key of the file, in the template's order.
 pub(super) fn keys() -> &'static [Key] {
-    static KEYS: LazyLock<Vec<Key>> = LazyLock::new(|| DECLARED.to_vec());
+    static KEYS: LazyLock<Vec<Key>> = LazyLock::new(|| {
+        let mut keys = DECLARED.to_vec();
+        keys.extend(super::tuning::keys());
+        keys
+    });
     &KEYS
 }
 

@@ -11,7 +11,8 @@
 //! 5. set the declared default of every key left out, deserialise into [`Config`] with
 //!    serde, then check rules that span several keys.
 //!
-//! Each key is declared once, in keys.rs; the checks, the defaults and the template that
+//! Each key is declared once: in keys.rs, or, for `[tuning]`, as a field of the engine's
+//! `Tuning` (read by tuning.rs). The checks, the defaults and the template that
 //! `bucketfs init` writes (template.rs) come from that declaration.
 //!
 //! Serde alone would reject the same files, but its messages do not say which key failed,
@@ -23,6 +24,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
+use bucketfs_engine::Tuning;
 use serde::de::{self, Deserializer, Visitor};
 use serde::Deserialize;
 use toml::{Table, Value};
@@ -33,6 +35,7 @@ mod checks;
 mod keys;
 mod substitute;
 mod template;
+mod tuning;
 
 use checks::{check_keys, check_values};
 use substitute::substitute_value;
@@ -54,6 +57,7 @@ pub struct Config {
     pub azure: AzureConfig,
     pub servers: ServersConfig,
     pub admin: AdminConfig,
+    pub tuning: Tuning,
 }
 
 #[derive(Clone, PartialEq, Eq, Deserialize)]
@@ -165,6 +169,9 @@ pub enum ConfigError {
         key: String,
         message: String,
     },
+    /// `Tuning::validate` failed; its message names the keys (`tuning.<field>`).
+    #[error("{}: {message}", path.display())]
+    InvalidTuning { path: PathBuf, message: String },
 }
 
 fn position(path: &Path, line_column: Option<(usize, usize)>) -> String {
@@ -261,7 +268,8 @@ impl Config {
         warnings
     }
 
-    /// Rules that involve more than one value, checked after deserialisation.
+    /// Rules that involve more than one value, or limits of the engine, checked after
+    /// deserialisation.
     fn check_relations(&self, origin: &Path) -> Result<(), ConfigError> {
         let invalid = |key: &str, message: String| ConfigError::InvalidValue {
             path: origin.to_path_buf(),
@@ -290,7 +298,12 @@ impl Config {
                 ),
             ));
         }
-        Ok(())
+        self.tuning
+            .validate()
+            .map_err(|message| ConfigError::InvalidTuning {
+                path: origin.to_path_buf(),
+                message,
+            })
     }
 }
 

@@ -7,7 +7,8 @@ const HEADER: &str = "\
 # bucketfs configuration, written by `bucketfs init`.
 #
 # Every setting is listed with its default value; settings that have no default are
-# commented out, with an example. Unknown keys are errors, so a typo cannot go unnoticed.
+# commented out, with an example, and so are the [tuning] values, so that their defaults
+# apply. Unknown keys are errors, so a typo cannot go unnoticed.
 # In any string, ${NAME} is replaced by the environment variable NAME when the file is
 # loaded (write $${ for a literal ${), so secrets need not be stored in this file.
 # Sizes are a number of bytes, or a number with a unit K, M, G or T (1K = 1024 bytes).
@@ -35,6 +36,7 @@ pub fn init_template() -> String {
         let line = match &key.shown {
             Shown::Default(value) => format!("{name} = {value}"),
             Shown::Suggested(value) => format!("{name} = {value}"),
+            Shown::CommentedDefault(value) => format!("# {name} = {value}"),
             Shown::Example(value) => format!("# {name} = {value}"),
         };
         out.push_str(&line);

@@ -46,7 +46,8 @@ fn empty_file_is_the_embedded_default() {
         Config::embedded_default()
     );
     assert_eq!(
-        parse("[storage]\n[cache]\n[aws]\n[gcp]\n[azure]\n[servers.nbd]\n[admin]\n").unwrap(),
+        parse("[storage]\n[cache]\n[aws]\n[gcp]\n[azure]\n[servers.nbd]\n[admin]\n[tuning]\n")
+            .unwrap(),
         Config::embedded_default()
     );
 }
@@ -71,6 +72,7 @@ fn embedded_default_is_local_and_loopback_only() {
     assert_eq!(config.aws, AwsConfig::default());
     assert_eq!(config.gcp, GcpConfig::default());
     assert_eq!(config.azure, AzureConfig::default());
+    assert_eq!(config.tuning, Tuning::default());
 }
 
 #[test]
@@ -120,10 +122,16 @@ fn init_template_lists_every_key_and_its_examples_are_valid() {
     );
     assert_eq!(config.aws.allow_http, Some(false));
     assert_eq!(config.gcp.service_account_key.as_deref(), Some("from-env"));
+    // The tuning values are commented out; uncommented, they are the defaults.
+    assert_eq!(config.tuning, Tuning::default());
 
     let table: Table = full.parse().unwrap();
     let leaves = declared_keys();
-    assert_eq!(leaves.len(), 23);
+    let untuned = leaves
+        .iter()
+        .filter(|leaf| !leaf.starts_with("tuning."))
+        .count();
+    assert_eq!(untuned, 23);
     for leaf in leaves {
         assert!(lookup(&table, leaf).is_some(), "the template lacks {leaf}");
     }
@@ -228,6 +236,8 @@ fn full_file_sets_every_field() {
         unix_socket = "/tmp/nbd.sock"
         [admin]
         listen = "[::1]:20810"
+        [tuning]
+        log_objects_per_checkpoint_min = 4
     "#;
     let vars = [("BUCKET", "data"), ("PW", "pw"), ("SECRET", "s3cr3t")];
     let config = parse_env(text, &vars).unwrap();
@@ -274,6 +284,10 @@ fn full_file_sets_every_field() {
         admin: AdminConfig {
             listen: "[::1]:20810".parse().unwrap(),
         },
+        tuning: Tuning {
+            log_objects_per_checkpoint_min: 4,
+            ..Tuning::default()
+        },
     };
     assert_eq!(config, expected);
 }
@@ -286,6 +300,82 @@ fn unset_keys_keep_their_defaults_within_a_section() {
     assert_eq!(config, expected);
 }
 
+// --- [tuning] -------------------------------------------------------------------------
+
+#[test]
+fn tuning_key_reaches_the_config() {
+    let config = parse("[tuning]\nlog_objects_per_checkpoint_min = 4\n").unwrap();
+    let expected = Tuning {
+        log_objects_per_checkpoint_min: 4,
+        ..Tuning::default()
+    };
+    assert_eq!(config.tuning, expected);
+    let config = parse("tuning.reseal_after_s = 0\n").unwrap();
+    assert_eq!(config.tuning.reseal_after_s, 0);
+}
+
+#[test]
+fn unknown_tuning_key_is_named_with_the_file() {
+    let message = error("[tuning]\nlog_objects_per_checkpoint = 4\n");
+    assert!(
+        message.starts_with(
+            "bucketfs.toml: unknown key `tuning.log_objects_per_checkpoint` (expected one of: \
+             dirty_bytes_flush_start, "
+        ),
+        "{message}"
+    );
+    assert!(
+        message.contains("log_objects_per_checkpoint_min"),
+        "{message}"
+    );
+}
+
+#[test]
+fn invalid_tuning_values_name_their_key_and_the_file() {
+    assert_eq!(
+        error("[tuning]\nlog_objects_per_checkpoint_min = 0\n"),
+        "bucketfs.toml: tuning.log_objects_per_checkpoint_min must be at least 1"
+    );
+    assert_eq!(
+        error(
+            "[tuning]\nlog_objects_per_checkpoint_min = 10\nlog_objects_per_checkpoint_max = 9\n"
+        ),
+        "bucketfs.toml: tuning.log_objects_per_checkpoint_max must be at least \
+         tuning.log_objects_per_checkpoint_min"
+    );
+    assert_eq!(
+        error("[tuning]\nrepack_live_percent_max = -1\n"),
+        "bucketfs.toml: tuning.repack_live_percent_max: expected a non-negative integer, \
+         found integer -1"
+    );
+    assert_eq!(
+        error("[tuning]\nreseal_after_s = \"10m\"\n"),
+        "bucketfs.toml: tuning.reseal_after_s: expected a non-negative integer, found string \
+         \"10m\""
+    );
+}
+
+#[test]
+fn init_template_lists_every_tuning_value_commented_out_with_its_default() {
+    let template = init_template();
+    let section = template
+        .split_once("\n[tuning]\n")
+        .map(|(_, rest)| rest)
+        .expect("the template has a [tuning] table");
+    let defaults = match Value::try_from(Tuning::default()) {
+        Ok(Value::Table(table)) => table,
+        other => panic!("{other:?}"),
+    };
+    for (name, value) in defaults {
+        let line = format!("# {name} = {value}\n");
+        assert!(section.contains(&line), "the template lacks {line:?}");
+    }
+    assert!(
+        section.contains("# Fewest log objects between checkpoints.\n"),
+        "{section}"
+    );
+}
+
 // --- unknown keys --------------------------------------------------------------------
 
 #[test]
@@ -293,12 +383,12 @@ fn unknown_top_level_key_is_named_with_the_alternatives() {
     assert_eq!(
         error("[storag]\nurl = \"memory://\"\n"),
         "bucketfs.toml: unknown key `storag` (expected one of: storage, cache, aws, gcp, \
-         azure, servers, admin)"
+         azure, servers, admin, tuning)"
     );
     assert_eq!(
         error("verbose = true\n"),
         "bucketfs.toml: unknown key `verbose` (expected one of: storage, cache, aws, gcp, \
-         azure, servers, admin)"
+         azure, servers, admin, tuning)"
     );
 }
 
