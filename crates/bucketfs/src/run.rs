@@ -4,8 +4,7 @@ use crate::admin::Admin;
 use crate::config::{Compression, Config};
 use crate::exports::BlockDevices;
 use bucketfs_engine::bucket::{open_url, CountingBucket, RetryingBucket, SharedBucket};
-use bucketfs_engine::limits::{QUIET_CHECKPOINT_AFTER_MS, RESEAL_AFTER_S};
-use bucketfs_engine::{Codec, Engine, EngineOptions};
+use bucketfs_engine::{Codec, Engine, EngineOptions, TaskSet};
 use bucketfs_fs::Fs;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -92,8 +91,8 @@ pub async fn run(config: Option<&PathBuf>, read_only: bool) -> Result<(), String
         disk_cache_dir: (!cfg.storage.url.starts_with("file://")).then(|| cfg.cache.dir.clone()),
         disk_cache_bytes_max: cfg.cache.disk_bytes_max,
         read_only,
-        quiet_checkpoint_after: Some(Duration::from_millis(QUIET_CHECKPOINT_AFTER_MS)),
-        reseal_after: Duration::from_secs(RESEAL_AFTER_S),
+        tuning: cfg.tuning.clone(),
+        tasks: TaskSet::default(),
     };
     let engine = Engine::open(bucket, opts)
         .await

@@ -2,11 +2,9 @@
 //! bucket early (write-behind) only while barriers come often: every write while they come
 //! every few milliseconds, gathered writes while they come every few hundred.
 
-use crate::limits::{
-    BARRIER_GAP_COUNTED_MAX_US, WRITE_BEHIND_BARRIER_GAP_US, WRITE_BEHIND_GATHERED_BARRIER_GAP_US,
-};
+use crate::tuning::Tuning;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
+use tokio::time::Instant;
 
 /// A running mean of the gaps between barriers (weight 1/8 for the newest), and the time of the
 /// last one. Updated without a lock: concurrent barriers may each miss the other's update,
@@ -15,20 +13,24 @@ pub struct BarrierCadence {
     epoch: Instant,
     last_us: AtomicU64,
     mean_gap_us: AtomicU64,
+    every_write_gap_us: u64,
+    gathered_gap_us: u64,
+    counted_gap_max_us: u64,
 }
 
-impl Default for BarrierCadence {
-    fn default() -> Self {
+impl BarrierCadence {
+    pub fn new(tuning: &Tuning) -> Self {
         BarrierCadence {
             epoch: Instant::now(),
             last_us: AtomicU64::new(0),
             // Starts as if barriers were rare.
-            mean_gap_us: AtomicU64::new(BARRIER_GAP_COUNTED_MAX_US),
+            mean_gap_us: AtomicU64::new(tuning.barrier_gap_counted_max_us),
+            every_write_gap_us: tuning.write_behind_barrier_gap_us,
+            gathered_gap_us: tuning.write_behind_gathered_barrier_gap_us,
+            counted_gap_max_us: tuning.barrier_gap_counted_max_us,
         }
     }
-}
 
-impl BarrierCadence {
     fn now_us(&self) -> u64 {
         self.epoch.elapsed().as_micros() as u64
     }
@@ -45,7 +47,7 @@ impl BarrierCadence {
 
     fn note_at(&self, now_us: u64) {
         let last = self.last_us.swap(now_us, Ordering::Relaxed);
-        let gap = now_us.saturating_sub(last).min(BARRIER_GAP_COUNTED_MAX_US) as i64;
+        let gap = now_us.saturating_sub(last).min(self.counted_gap_max_us) as i64;
         let mean = self.mean_gap_us.load(Ordering::Relaxed) as i64;
         self.mean_gap_us
             .store((mean + (gap - mean) / 8) as u64, Ordering::Relaxed);
@@ -54,9 +56,9 @@ impl BarrierCadence {
     fn write_behind_at(&self, now_us: u64) -> WriteBehind {
         let since_last = now_us.saturating_sub(self.last_us.load(Ordering::Relaxed));
         let gap = since_last.max(self.mean_gap_us.load(Ordering::Relaxed));
-        if gap <= WRITE_BEHIND_BARRIER_GAP_US {
+        if gap <= self.every_write_gap_us {
             WriteBehind::EveryWrite
-        } else if gap <= WRITE_BEHIND_GATHERED_BARRIER_GAP_US {
+        } else if gap <= self.gathered_gap_us {
             WriteBehind::Gathered
         } else {
             WriteBehind::Off
@@ -77,7 +79,7 @@ pub enum WriteBehind {
     Off,
     /// A barrier every few hundred milliseconds (PostgreSQL with `synchronous_commit = off`,
     /// whose WAL writer flushes several times a second): once
-    /// `WRITE_BEHIND_GATHERED_BYTES` have gathered, so a barrier seals at most about that
+    /// `Tuning::write_behind_gathered_bytes` have gathered, so a barrier seals at most about that
     /// much while the client waits.
     Gathered,
     /// A barrier every few milliseconds (an fsync per transaction): every write.
@@ -87,6 +89,9 @@ pub enum WriteBehind {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const WRITE_BEHIND_BARRIER_GAP_US: u64 = 4_000;
+    const WRITE_BEHIND_GATHERED_BARRIER_GAP_US: u64 = 250_000;
 
     /// Barriers every `gap_us` from `start_us`, `count` of them; returns the time of the last.
     fn barriers(c: &BarrierCadence, start_us: u64, gap_us: u64, count: u64) -> u64 {
@@ -100,7 +105,7 @@ mod tests {
 
     #[test]
     fn an_fsync_per_transaction_turns_write_behind_on_within_dozens_of_barriers() {
-        let c = BarrierCadence::default();
+        let c = BarrierCadence::new(&Tuning::default());
         assert!(!c.frequent_at(0), "a fresh engine has seen no barriers");
         let t = barriers(&c, 0, 1_000, 10);
         assert!(
@@ -114,7 +119,7 @@ mod tests {
 
     #[test]
     fn barriers_that_stop_or_slow_down_turn_it_off() {
-        let c = BarrierCadence::default();
+        let c = BarrierCadence::new(&Tuning::default());
         let t = barriers(&c, 0, 1_000, 100);
         assert!(c.frequent_at(t));
         assert!(
@@ -127,7 +132,7 @@ mod tests {
 
     #[test]
     fn barriers_a_tenth_of_a_second_apart_gather_writes() {
-        let c = BarrierCadence::default();
+        let c = BarrierCadence::new(&Tuning::default());
         assert_eq!(c.write_behind_at(0), WriteBehind::Off);
         let t = barriers(&c, 0, 100_000, 40);
         assert_eq!(c.write_behind_at(t), WriteBehind::Gathered);
@@ -147,7 +152,7 @@ mod tests {
     #[test]
     fn occasional_bursts_among_rare_barriers_do_not_turn_it_on() {
         // A file system's journal commit can send two flushes back to back every few seconds.
-        let c = BarrierCadence::default();
+        let c = BarrierCadence::new(&Tuning::default());
         let mut t = 0;
         for _ in 0..20 {
             t = barriers(&c, t, 100_000, 1);

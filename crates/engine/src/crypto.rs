@@ -64,16 +64,34 @@ fn random<const N: usize>() -> [u8; N] {
     b
 }
 
+/// What deriving the key-wrapping key from the password costs (Argon2id), recorded in the
+/// superblock. Every bucket bucketfs creates uses the default; tests that create thousands of
+/// buckets lower it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KdfCost {
+    pub memory_kib: u32,
+    pub passes: u32,
+}
+
+impl Default for KdfCost {
+    fn default() -> Self {
+        KdfCost {
+            memory_kib: ARGON2_MEMORY_KIB,
+            passes: ARGON2_PASSES,
+        }
+    }
+}
+
 impl Superblock {
     /// A new superblock with a fresh random data key; returns it with the key.
-    pub fn create(password: &str) -> Result<(Superblock, DataKey), KeyError> {
+    pub fn create(password: &str, cost: KdfCost) -> Result<(Superblock, DataKey), KeyError> {
         let key = DataKey(random::<32>());
-        Ok((Self::wrap(password, &key)?, key))
+        Ok((Self::wrap(password, &key, cost)?, key))
     }
 
-    fn wrap(password: &str, key: &DataKey) -> Result<Superblock, KeyError> {
+    fn wrap(password: &str, key: &DataKey, cost: KdfCost) -> Result<Superblock, KeyError> {
         let salt = random::<16>();
-        let kek = derive_kek(password, &salt, ARGON2_MEMORY_KIB, ARGON2_PASSES)?;
+        let kek = derive_kek(password, &salt, cost.memory_kib, cost.passes)?;
         let nonce = random::<NONCE_BYTES>();
         let wrapped = XChaCha20Poly1305::new((&kek).into())
             .encrypt(
@@ -88,8 +106,8 @@ impl Superblock {
             format_version: FORMAT_VERSION,
             extent_size_bytes: EXTENT_SIZE_BYTES as u32,
             kdf: "argon2id".into(),
-            kdf_memory_kib: ARGON2_MEMORY_KIB,
-            kdf_passes: ARGON2_PASSES,
+            kdf_memory_kib: cost.memory_kib,
+            kdf_passes: cost.passes,
             kdf_salt_hex: hex::encode(salt),
             wrapped_key_nonce_hex: hex::encode(nonce),
             wrapped_key_hex: hex::encode(wrapped),
@@ -138,7 +156,7 @@ impl Superblock {
     /// The same data key wrapped under a new password (fresh salt and nonce).
     pub fn rewrap(&self, old_password: &str, new_password: &str) -> Result<Superblock, KeyError> {
         let key = self.unlock(old_password)?;
-        Self::wrap(new_password, &key)
+        Self::wrap(new_password, &key, KdfCost::default())
     }
 
     pub fn to_json(&self) -> Vec<u8> {
@@ -254,7 +272,7 @@ mod tests {
 
     #[test]
     fn password_unlocks_and_wrong_password_is_refused() {
-        let (sb, key) = Superblock::create("right").unwrap();
+        let (sb, key) = Superblock::create("right", KdfCost::default()).unwrap();
         let sb = Superblock::from_json(&sb.to_json()).unwrap();
         assert_eq!(sb.unlock("right").unwrap().0, key.0);
         assert_eq!(sb.unlock("wrong").err(), Some(KeyError::WrongPassword));

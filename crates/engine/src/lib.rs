@@ -15,11 +15,15 @@ pub mod limits;
 mod logobj;
 mod meta;
 mod object_buffer;
+mod tasks;
+mod tuning;
 
-pub use crypto::KeyError;
+pub use crypto::{KdfCost, KeyError};
 pub use engine::{
     change_password, Engine, EngineError, EngineOptions, EngineStats, Fill, KvChange,
     SUPERBLOCK_KEY,
 };
 pub use frame::Codec;
 pub use lease::LeaseError;
+pub use tasks::TaskSet;
+pub use tuning::Tuning;

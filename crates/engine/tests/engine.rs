@@ -1,32 +1,61 @@
 //! Engine tests over `memory://`: round trips, crash-reopen at chosen points, faults, corruption.
 
 use bucketfs_engine::bucket::{
-    open_url, CountingBucket, Fault, FaultyBucket, PutMode, RetryingBucket, SharedBucket,
+    open_url, CountingBucket, CrashableBucket, Fault, FaultyBucket, PutMode, RetryingBucket,
+    SharedBucket,
 };
-use bucketfs_engine::limits::{EXTENT_SIZE_BYTES, LOG_OBJECTS_PER_CHECKPOINT_MIN};
-use bucketfs_engine::{Engine, EngineError, EngineOptions, Fill, KeyError, KvChange};
+use bucketfs_engine::limits::EXTENT_SIZE_BYTES;
+use bucketfs_engine::{
+    Engine, EngineError, EngineOptions, Fill, KeyError, KvChange, TaskSet, Tuning,
+};
 use proptest::prelude::*;
 
 mod common;
 use common::{flush_past_a_checkpoint, flush_until_checkpoints};
 use std::sync::Arc;
 
+/// One bucket, and the writer process of the moment: its view of the bucket (frozen when it
+/// crashes) and its tasks (stopped when it crashes).
 struct World {
     faults: Arc<FaultyBucket>,
+    /// The bucket as the test sees it (not the writer's view): for inspecting and tampering.
     bucket: SharedBucket,
+    writer: parking_lot::Mutex<Option<(TaskSet, Arc<CrashableBucket>)>>,
 }
 
 fn world() -> World {
     let store: SharedBucket = open_url("memory://", &Vec::new()).unwrap();
     let faults = Arc::new(FaultyBucket::new(store));
     let bucket: SharedBucket = Arc::new(RetryingBucket::new(faults.clone()));
-    World { faults, bucket }
+    World {
+        faults,
+        bucket,
+        writer: parking_lot::Mutex::new(None),
+    }
+}
+
+impl World {
+    /// The bucket and options of a new writer process (its own view of the store, its own tasks).
+    fn writer(&self, mut opts: EngineOptions) -> (SharedBucket, EngineOptions) {
+        let view = Arc::new(CrashableBucket::new(self.faults.clone(), None));
+        opts.tasks = TaskSet::default();
+        *self.writer.lock() = Some((opts.tasks.clone(), view.clone()));
+        (Arc::new(RetryingBucket::new(view)), opts)
+    }
 }
 
 async fn open(w: &World) -> Engine {
-    Engine::open(w.bucket.clone(), EngineOptions::for_tests("pw"))
-        .await
-        .unwrap()
+    let (bucket, opts) = w.writer(EngineOptions::for_tests("pw"));
+    Engine::open(bucket, opts).await.unwrap()
+}
+
+/// Kills the writer as `kill -9` would: nothing more reaches the bucket, none of its tasks runs
+/// on, and its writer lock is left behind (stale, as the process is gone).
+async fn crash(w: &World, e: Engine) {
+    let (tasks, view) = w.writer.lock().take().expect("a writer is open");
+    view.freeze();
+    drop(e);
+    tasks.stop_all().await;
 }
 
 async fn log_keys(w: &World) -> Vec<String> {
@@ -78,6 +107,7 @@ async fn writes_read_back_at_odd_offsets_and_holes_read_zero() {
     assert_eq!(e.read(1, 0, 12_345).await.unwrap(), vec![0; 12_345]);
     assert_eq!(e.read(2, 0, 100).await.unwrap(), vec![0; 100]);
     e.flush().await.unwrap();
+    crash(&w, e).await;
     let e2 = open(&w).await;
     assert_eq!(e2.read(1, 12_345, data.len()).await.unwrap(), data);
     assert_eq!(e2.read(1, 12_340, 10).await.unwrap()[..5], [0; 5]);
@@ -96,7 +126,7 @@ async fn crash_without_flush_loses_only_unflushed_writes_whole() {
     e.write(5, 2000, b.len() as u64, Fill::Data(&b))
         .await
         .unwrap();
-    drop(e); // the crash: nothing more reaches the bucket
+    crash(&w, e).await; // the crash: nothing more reaches the bucket
     let e = open(&w).await;
     assert_eq!(
         e.read(5, 1000, a.len()).await.unwrap(),
@@ -150,7 +180,7 @@ async fn writes_start_for_the_bucket_early_only_while_barriers_are_frequent() {
         }
         if uploaded_early {
             let b_at = 777 + attempt;
-            drop(e); // a crash before any barrier asked for the write
+            crash(&w, e).await; // a crash before any barrier asked for the write
             let e = open(&w).await;
             assert_eq!(
                 e.read(3, b_at, b.len()).await.unwrap(),
@@ -174,12 +204,12 @@ async fn writes_start_for_the_bucket_early_only_while_barriers_are_frequent() {
 /// for an object, and not before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_gather_for_the_bucket_early_while_barriers_come_every_few_hundred_ms() {
-    use bucketfs_engine::limits::{WRITE_BEHIND_BARRIER_GAP_US, WRITE_BEHIND_GATHERED_BYTES};
+    let t = Tuning::default();
     let w = world();
     let e = open(&w).await;
-    let gap = std::time::Duration::from_micros(5 * WRITE_BEHIND_BARRIER_GAP_US);
+    let gap = std::time::Duration::from_micros(5 * t.write_behind_barrier_gap_us);
     let small = pattern(3, 4 * EXTENT_SIZE_BYTES);
-    let large = pattern(7, WRITE_BEHIND_GATHERED_BYTES);
+    let large = pattern(7, t.write_behind_gathered_bytes as usize);
     // Attempts are repeated because a stall of a few hundred milliseconds (a busy machine)
     // between the last barrier and the writes rightly leaves them waiting for a barrier.
     for attempt in 0..5u64 {
@@ -209,7 +239,7 @@ async fn writes_gather_for_the_bucket_early_while_barriers_come_every_few_hundre
         while started.elapsed() < std::time::Duration::from_millis(200) {
             let stats = e.stats();
             if stats.log_objects_written > written && stats.pending_bytes == 0 {
-                drop(e); // a crash before any barrier asked for the writes
+                crash(&w, e).await; // a crash before any barrier asked for the writes
                 let e = open(&w).await;
                 assert_eq!(e.read(3, base, small.len()).await.unwrap(), small);
                 assert_eq!(
@@ -296,6 +326,7 @@ async fn punch_and_zero_and_allocation_map() {
         vec![(x, true), (x, false), (2 * x, true)]
     );
     e.flush().await.unwrap();
+    crash(&w, e).await;
     let e = open(&w).await;
     assert_eq!(e.read(1, 0, n).await.unwrap(), expect);
     assert_eq!(
@@ -352,6 +383,22 @@ async fn a_second_writer_elsewhere_is_refused() {
     assert!(err.to_string().contains("some-other-host"), "{err}");
 }
 
+/// Within one process too: an engine that is open holds the bucket; one that crashed does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_writer_in_this_process_is_refused_until_the_first_is_gone() {
+    let w = world();
+    let first = open(&w).await;
+    let err = Engine::open(w.bucket.clone(), EngineOptions::for_tests("pw"))
+        .await
+        .err()
+        .unwrap();
+    assert!(matches!(err, EngineError::Lease(_)), "{err}");
+    assert!(err.to_string().contains("in use"), "{err}");
+    crash(&w, first).await;
+    let second = open(&w).await;
+    second.close().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn transient_faults_are_retried_and_exhausted_retries_lose_nothing_acknowledged() {
     let w = world();
@@ -375,7 +422,7 @@ async fn transient_faults_are_retried_and_exhausted_retries_lose_nothing_acknowl
     let c = pattern(6, 100);
     e.write(1, 90_000, 100, Fill::Data(&c)).await.unwrap();
     e.flush().await.unwrap();
-    drop(e);
+    crash(&w, e).await;
     let e = open(&w).await;
     assert_eq!(e.read(1, 0, a.len()).await.unwrap(), a);
     assert_eq!(e.read(1, 50_000, b.len()).await.unwrap(), b);
@@ -461,7 +508,7 @@ async fn key_value_changes_are_atomic_and_survive_reopen() {
             (b"d/1/c".to_vec(), b"z".to_vec())
         ]
     );
-    drop(e);
+    crash(&w, e).await;
     let e = open(&w).await;
     assert_eq!(
         e.kv_scan(b"d/1/").len(),
@@ -481,7 +528,7 @@ async fn checkpoints_bound_replay_and_dead_log_objects_are_deleted() {
     assert!(stats.log_objects_deleted > n / 2, "{stats:?}");
     assert_eq!(w.bucket.list("checkpoint/").await.unwrap().len(), 1);
     let expect = e.read(1, 0, 3 * 4096).await.unwrap();
-    drop(e);
+    crash(&w, e).await;
     let e = open(&w).await;
     assert_eq!(e.read(1, 0, 3 * 4096).await.unwrap(), expect);
 }
@@ -490,9 +537,10 @@ const QUIET: std::time::Duration = std::time::Duration::from_millis(400);
 
 /// An engine whose quiet checkpoints come after QUIET, over a bucket that counts requests.
 async fn open_quiet(w: &World) -> (Engine, Arc<CountingBucket>) {
-    let counting = Arc::new(CountingBucket::new(w.bucket.clone()));
     let mut opts = EngineOptions::for_tests("pw");
-    opts.quiet_checkpoint_after = Some(QUIET);
+    opts.tuning.quiet_checkpoint_after_ms = QUIET.as_millis() as u64;
+    let (bucket, opts) = w.writer(opts);
+    let counting = Arc::new(CountingBucket::new(bucket));
     let e = Engine::open(counting.clone(), opts).await.unwrap();
     (e, counting)
 }
@@ -557,7 +605,7 @@ async fn a_quiet_engine_collects_what_a_burst_left_then_stays_idle() {
         .sum();
     assert_eq!(stats.log_bytes_stored, stored, "what status says is stored");
     let expect = e.read(1, 0, 400 * 4096).await.unwrap();
-    drop(e);
+    crash(&w, e).await;
     let e = open(&w).await;
     assert_eq!(e.read(1, 0, 400 * 4096).await.unwrap(), expect);
 }
@@ -570,8 +618,8 @@ async fn a_quiet_engine_collects_what_the_last_repack_emptied() {
     let w = world();
     let (e, counting) = open_quiet(&w).await;
     // One extent of its own per flush, never overwritten: every object stays live with one
-    // extent, and the regular checkpoint (after LOG_OBJECTS_PER_CHECKPOINT_MIN) repacks them.
-    let flushes = LOG_OBJECTS_PER_CHECKPOINT_MIN + 10;
+    // extent, and the regular checkpoint (after Tuning::default().log_objects_per_checkpoint_min) repacks them.
+    let flushes = Tuning::default().log_objects_per_checkpoint_min + 10;
     for i in 0..flushes {
         let extent = pattern(i as u8, EXTENT_SIZE_BYTES);
         let at = i * EXTENT_SIZE_BYTES as u64;
@@ -583,11 +631,11 @@ async fn a_quiet_engine_collects_what_the_last_repack_emptied() {
     settle_at_checkpoints(&e, &counting, 2).await;
     let stats = e.stats();
     assert!(
-        stats.extents_repacked >= LOG_OBJECTS_PER_CHECKPOINT_MIN,
+        stats.extents_repacked >= Tuning::default().log_objects_per_checkpoint_min,
         "{stats:?}"
     );
     assert!(
-        stats.log_objects_deleted >= LOG_OBJECTS_PER_CHECKPOINT_MIN,
+        stats.log_objects_deleted >= Tuning::default().log_objects_per_checkpoint_min,
         "{stats:?}"
     );
     let left = log_keys(&w).await.len() as u64;
@@ -622,7 +670,7 @@ async fn log_objects_kept_alive_by_a_few_extents_are_repacked_then_deleted() {
     assert!(stats.extents_repacked >= kept, "{stats:?}");
     assert!(left.is_empty(), "{} kept alive: {stats:?}", left.len());
     // A crash now loses none of them.
-    drop(e);
+    crash(&w, e).await;
     let e = open(&w).await;
     for i in 0..kept {
         let got = e.read(2, i * extent, EXTENT_SIZE_BYTES).await.unwrap();
@@ -631,7 +679,7 @@ async fn log_objects_kept_alive_by_a_few_extents_are_repacked_then_deleted() {
 }
 
 /// Frames sealed with lz4 (what a client waited on) that outlive a checkpoint interval are
-/// re-sealed with zstd (`EngineOptions::for_tests` sets `reseal_after` to zero, so one interval
+/// re-sealed with zstd (`EngineOptions::for_tests` sets `reseal_after_s` to zero, so one interval
 /// is old enough), whole objects at a time, so their objects die and are deleted; the
 /// objects are known as lz4 across a restart (the checkpoint says so), and frames re-sealed once
 /// are not moved again.
@@ -670,7 +718,7 @@ async fn lz4_frames_that_outlive_a_checkpoint_interval_are_resealed_with_zstd() 
         0,
         "not yet a checkpoint interval old"
     );
-    drop(e);
+    crash(&w, e).await;
     let e = open(&w).await;
     let in_lz4 = e.stats().live_bytes_in_lz4_objects;
     assert!(in_lz4 > 0, "the checkpoint names the lz4 objects");
@@ -699,7 +747,7 @@ async fn lz4_frames_that_outlive_a_checkpoint_interval_are_resealed_with_zstd() 
 
     // A crash loses nothing; two more checkpoints (the first covers the re-sealed frames and
     // has finished collecting once the second is written) move none of them again.
-    drop(e);
+    crash(&w, e).await;
     let e = open(&w).await;
     for i in 0..objects {
         let at = i * per_object as u64;
@@ -714,11 +762,12 @@ async fn lz4_frames_that_outlive_a_checkpoint_interval_are_resealed_with_zstd() 
 }
 
 /// An engine whose collector finds nothing old enough to re-seal or to move out of fragmented
-/// objects for an hour (`EngineOptions::reseal_after`).
+/// objects for an hour (`Tuning::reseal_after_s`).
 async fn open_aging_for_an_hour(w: &World) -> Engine {
     let mut opts = EngineOptions::for_tests("pw");
-    opts.reseal_after = std::time::Duration::from_secs(3600);
-    Engine::open(w.bucket.clone(), opts).await.unwrap()
+    opts.tuning.reseal_after_s = 3600;
+    let (bucket, opts) = w.writer(opts);
+    Engine::open(bucket, opts).await.unwrap()
 }
 
 /// Re-sealing waits for `reseal_after`: lz4 frames covered by checkpoints younger than that
@@ -803,7 +852,7 @@ async fn a_device_mostly_overwritten_in_place_is_not_stored_twice() {
     let (e, _) = open_quiet(&w).await;
     let (model, large) = overwrite_three_quarters(&w, &e).await;
     // The first checkpoint covers the large objects; the next finds them an interval old
-    // (`for_tests`: `reseal_after` is zero) and moves their live extents; the one after
+    // (`for_tests`: `reseal_after_s` is zero) and moves their live extents; the one after
     // deletes them.
     flush_until_checkpoints(&e, 3).await;
     // Then quiet checkpoints collect what the last collection moved extents out of.
@@ -822,7 +871,7 @@ async fn a_device_mostly_overwritten_in_place_is_not_stored_twice() {
         stats.log_bytes_stored < stats.log_bytes_live * 5 / 4,
         "garbage left: {stats:?}"
     );
-    drop(e);
+    crash(&w, e).await;
     let e = open(&w).await;
     let extent = EXTENT_SIZE_BYTES as u64;
     for (i, data) in model.iter().enumerate() {
@@ -906,7 +955,7 @@ proptest! {
                         durable = live.clone();
                     }
                     Op::Crash => {
-                        drop(e);
+                        crash(&w, e).await;
                         e = open(&w).await;
                         live = durable.clone();
                     }
@@ -956,7 +1005,7 @@ async fn concurrent_writers_and_flushes_agree_with_what_reopens() {
     e.flush().await.unwrap();
     let size = 48 * EXTENT_SIZE_BYTES;
     let expect = e.read(1, 0, size).await.unwrap();
-    drop(e);
+    crash(&w, e).await;
     let e = open(&w).await;
     assert_eq!(e.read(1, 0, size).await.unwrap(), expect);
 }
@@ -973,7 +1022,7 @@ async fn objects_stored_after_a_gap_are_dropped_at_open_and_a_long_run_is_refuse
     let logs = w.bucket.list("log/").await.unwrap();
     let last: u64 = logs.last().unwrap().key["log/".len()..].parse().unwrap();
     let some_object = w.bucket.get(&logs.last().unwrap().key).await.unwrap();
-    drop(e);
+    crash(&w, e).await;
     // The object after `last` never arrived; the one after it did.
     let orphan = format!("log/{:020}", last + 2);
     w.bucket
@@ -993,10 +1042,10 @@ async fn objects_stored_after_a_gap_are_dropped_at_open_and_a_long_run_is_refuse
         .await
         .unwrap();
     e.flush().await.unwrap();
-    drop(e);
+    crash(&w, e).await;
     let e = open(&w).await;
     assert_eq!(e.read(1, 0, b.len()).await.unwrap(), b);
-    drop(e);
+    crash(&w, e).await;
     // More stored objects after a gap than can ever be in flight: acknowledged data is missing.
     let logs = w.bucket.list("log/").await.unwrap();
     let last: u64 = logs.last().unwrap().key["log/".len()..].parse().unwrap();

@@ -4,6 +4,7 @@
 //! request counting, fault injection) compose around any backend and tests can observe them.
 
 mod counting;
+mod crashable;
 mod faults;
 pub(crate) mod journal;
 mod local;
@@ -11,6 +12,7 @@ mod retry;
 mod store;
 
 pub use counting::{CountingBucket, RequestCounts};
+pub use crashable::{CrashableBucket, FreezePlan};
 pub use faults::{Fault, FaultyBucket};
 pub use local::LocalBucket;
 pub use retry::RetryingBucket;

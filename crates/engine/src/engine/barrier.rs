@@ -43,7 +43,7 @@ pub(super) struct UploadCtl {
     pub(super) checkpoint_seq: u64,
     /// Checkpoints of this process (the one it opened first) and when they were begun, oldest
     /// first; only the newest older than `reseal_after` and those after it are kept.
-    pub(super) checkpoints_begun: VecDeque<(u64, std::time::Instant)>,
+    pub(super) checkpoints_begun: VecDeque<(u64, tokio::time::Instant)>,
     pub(super) log_bytes_since_checkpoint: u64,
     /// Log objects in the bucket and their sizes in bytes (for the garbage collector, and
     /// `Inner::log_bytes_stored`).
@@ -53,7 +53,7 @@ pub(super) struct UploadCtl {
 impl Engine {
     pub(super) fn spawn_periodic_flush(&self, interval: Duration) {
         let weak = Arc::downgrade(&self.inner);
-        tokio::spawn(async move {
+        self.inner.tasks.spawn(async move {
             let mut tick = tokio::time::interval(interval);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             tick.tick().await;
@@ -82,7 +82,7 @@ impl Engine {
                 let st = self.inner.state.lock();
                 (st.pending.data_bytes(), st.unflushed_bytes())
             };
-            if pending >= DIRTY_BYTES_FLUSH_START {
+            if pending as u64 >= self.inner.tuning.dirty_bytes_flush_start {
                 self.kick_background_flush();
             }
             if pending < PENDING_BYTES_MAX && unflushed < DIRTY_BYTES_MAX {
@@ -110,7 +110,7 @@ impl Engine {
             return;
         }
         let engine = self.clone();
-        tokio::spawn(async move {
+        self.inner.tasks.spawn(async move {
             let target = engine.inner.state.lock().write_gen;
             engine.seal_pending(target, Waiting::Engine).await;
             engine
@@ -118,7 +118,7 @@ impl Engine {
                 .background_flush
                 .store(false, Ordering::Release);
             let pending = engine.inner.state.lock().pending.data_bytes();
-            if pending >= DIRTY_BYTES_FLUSH_START {
+            if pending as u64 >= engine.inner.tuning.dirty_bytes_flush_start {
                 engine.kick_background_flush();
             }
             if let Err(e) = engine.upload_queued(target).await {
@@ -141,7 +141,7 @@ impl Engine {
         if self.inner.read_only {
             return Ok(());
         }
-        let started = std::time::Instant::now();
+        let started = tokio::time::Instant::now();
         let (target, pending_bytes) = {
             let st = self.inner.state.lock();
             (st.write_gen, st.pending.data_bytes())
@@ -196,7 +196,7 @@ impl Engine {
         };
         let seq = ctl.next_seq;
         ctl.next_seq += 1;
-        let started = std::time::Instant::now();
+        let started = tokio::time::Instant::now();
         let gen = batch.gen;
         let extents = batch.extents.len();
         let codec = self.codec_for(extents, waiting);
@@ -307,7 +307,9 @@ impl Engine {
                 run_here = Some(upload);
             } else {
                 let engine = self.clone();
-                tokio::spawn(async move { engine.run_upload(upload.0, upload.1).await });
+                self.inner
+                    .tasks
+                    .spawn(async move { engine.run_upload(upload.0, upload.1).await });
             }
             in_flight += 1;
         }
@@ -327,7 +329,7 @@ impl Engine {
             }
         }
         let mut unfinished = Unfinished(Some(self), seq);
-        let started = std::time::Instant::now();
+        let started = tokio::time::Instant::now();
         let result = self.upload(seq, object).await;
         unfinished.0 = None;
         tracing::debug!(
@@ -432,8 +434,11 @@ impl Engine {
             ctl.log_bytes_since_checkpoint += object.len() as u64;
             let due = seq
                 >= ctl.checkpoint_seq
-                    + log_objects_per_checkpoint(st.committed.extent_count() as u64)
-                || ctl.log_bytes_since_checkpoint >= LOG_BYTES_PER_CHECKPOINT;
+                    + self
+                        .inner
+                        .tuning
+                        .log_objects_per_checkpoint(st.committed.extent_count() as u64)
+                || ctl.log_bytes_since_checkpoint >= self.inner.tuning.log_bytes_per_checkpoint;
             (due && !self.inner.checkpoint_running.swap(true, Ordering::AcqRel))
                 .then(|| st.committed.clone())
         };
@@ -446,7 +451,7 @@ impl Engine {
         if self.inner.disk_cache.is_some() {
             // Up to PENDING_BYTES_MAX of file writes: not on an async worker.
             let (engine, object) = (self.clone(), object.clone());
-            tokio::task::spawn_blocking(move || {
+            let _detached = self.inner.tasks.spawn_blocking(move || {
                 if let Some(c) = &engine.inner.disk_cache {
                     c.put_object(seq, &object);
                 }
@@ -459,7 +464,7 @@ impl Engine {
         if let Some(state) = snapshot {
             let covered = self.begin_checkpoint(ctl, seq);
             let engine = self.clone();
-            tokio::spawn(async move {
+            self.inner.tasks.spawn(async move {
                 // Cleared however the task ends (a panic included), so the next one can run.
                 let _running = ClearOnDrop(&engine.inner.checkpoint_running);
                 if let Err(e) = engine

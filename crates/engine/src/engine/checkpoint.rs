@@ -25,9 +25,9 @@ impl Engine {
         // The newest earlier checkpoint begun at least `reseal_after` ago: what it covered has
         // been live that long. Under fsync-heavy load checkpoints come every few seconds, so
         // their count says nothing of age.
-        let now = std::time::Instant::now();
+        let now = tokio::time::Instant::now();
         let old_enough =
-            |at: &std::time::Instant| now.duration_since(*at) >= self.inner.reseal_after;
+            |at: &tokio::time::Instant| now.duration_since(*at) >= self.inner.tuning.reseal_after();
         while ctl.checkpoints_begun.len() > 1 && old_enough(&ctl.checkpoints_begun[1].1) {
             ctl.checkpoints_begun.pop_front();
         }
@@ -48,10 +48,10 @@ impl Engine {
     }
 
     /// Checks a few times per `quiet` whether the engine has been quiet that long with enough
-    /// log objects since the last checkpoint, and writes one then (QUIET_CHECKPOINT_AFTER_MS).
+    /// log objects since the last checkpoint, and writes one then (`Tuning::quiet_checkpoint_after_ms`).
     pub(super) fn spawn_quiet_checkpoints(&self, quiet: Duration) {
         let weak = Arc::downgrade(&self.inner);
-        tokio::spawn(async move {
+        self.inner.tasks.spawn(async move {
             let mut tick = tokio::time::interval(quiet / 4);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
@@ -84,8 +84,11 @@ impl Engine {
         };
         self.quiet_checkpoint(
             |ctl, st| {
-                since_checkpoint(ctl) * QUIET_CHECKPOINT_FRACTION
-                    >= log_objects_per_checkpoint(st.committed.extent_count() as u64)
+                since_checkpoint(ctl) * self.inner.tuning.quiet_checkpoint_fraction
+                    >= self
+                        .inner
+                        .tuning
+                        .log_objects_per_checkpoint(st.committed.extent_count() as u64)
             },
             Repack::Yes,
         )
@@ -142,13 +145,16 @@ impl Engine {
         repack: Repack,
     ) -> Result<(), EngineError> {
         let engine = self.clone();
-        let (object, state) = tokio::task::spawn_blocking(move || {
-            let mut scratch = engine.inner.checkpoint_scratch.lock();
-            let object = logobj::encode_checkpoint(&engine.inner.sealer, seq, &state, &mut scratch);
-            (object, state)
-        })
-        .await
-        .expect("encoding does not panic");
+        let (object, state) = self
+            .inner
+            .tasks
+            .spawn_blocking(move || {
+                let mut scratch = engine.inner.checkpoint_scratch.lock();
+                let object =
+                    logobj::encode_checkpoint(&engine.inner.sealer, seq, &state, &mut scratch);
+                (object, state)
+            })
+            .await;
         self.inner
             .bucket
             .put(

@@ -4,13 +4,17 @@
 use super::*;
 
 /// Of `objects` (sequence number, live bytes, size in bytes), the fragmented ones (at most
-/// REPACK_LIVE_PERCENT_MAX percent live), least live first, as many as `budget` live bytes
+/// `live_percent_max` percent live), least live first, as many as `budget` live bytes
 /// allow (but at least one): moving their live bytes gives back the most space per byte moved.
-pub(super) fn fragmented_objects(objects: &[(u64, u64, u64)], budget: u64) -> HashSet<u64> {
+pub(super) fn fragmented_objects(
+    objects: &[(u64, u64, u64)],
+    budget: u64,
+    live_percent_max: u64,
+) -> HashSet<u64> {
     let mut fragmented: Vec<(u64, u64, u64)> = objects
         .iter()
         .copied()
-        .filter(|&(_, live, size)| live * 100 <= size * REPACK_LIVE_PERCENT_MAX)
+        .filter(|&(_, live, size)| live * 100 <= size * live_percent_max)
         .collect();
     // By live / size, compared without division.
     fragmented.sort_unstable_by(|a, b| {
@@ -63,12 +67,12 @@ impl Engine {
     /// Moves extents, unchanged, out of log objects the checkpoint `state` covers, into new
     /// log objects, so that the old ones die and the next checkpoint deletes them:
     /// - the extents of those `live` objects (sequence number to size in bytes) that hold only
-    ///   a few (REPACK_LIVE_EXTENTS_MAX): a few extents that are never overwritten would
+    ///   a few (`Tuning::repack_live_extents_max`): a few extents that are never overwritten would
     ///   otherwise keep each object alive;
     /// - of the `live` objects `covered` finds aged (covered by a checkpoint begun at least
     ///   `reseal_after` ago), the fragmented ones (`fragmented_objects`), up to as many live
-    ///   bytes as the log objects of the interval took (at least REPACK_FRAGMENTED_BYTES_MIN,
-    ///   at most LOG_BYTES_PER_CHECKPOINT, the most an interval writes while it keeps up):
+    ///   bytes as the log objects of the interval took (at least `repack_fragmented_bytes_min`,
+    ///   at most `log_bytes_per_checkpoint`, the most an interval writes while it keeps up):
     ///   overwritten in place, a device's large objects would otherwise keep their garbage for
     ///   as long as a few of their extents stay;
     /// - with zstd configured, the extents of whole aged objects that hold lz4 frames: they
@@ -84,9 +88,11 @@ impl Engine {
         covered: &Covered,
     ) -> Result<(), EngineError> {
         let live_seqs: HashSet<u64> = live.keys().copied().collect();
-        let mut sparse = state.extents_of_sparse_objects(&live_seqs, REPACK_LIVE_EXTENTS_MAX);
+        let t = &self.inner.tuning;
+        let mut sparse =
+            state.extents_of_sparse_objects(&live_seqs, t.repack_live_extents_max as usize);
         let sparse_seqs: HashSet<u64> = sparse.iter().map(|(_, _, p)| p.seq).collect();
-        sparse.truncate(REPACK_EXTENTS_MAX);
+        sparse.truncate(t.repack_extents_max as usize);
         let aged: Vec<(u64, u64, u64)> = live
             .iter()
             .filter(|(seq, _)| **seq <= covered.aged_through && !sparse_seqs.contains(seq))
@@ -94,16 +100,23 @@ impl Engine {
             .collect();
         let budget = covered
             .log_bytes
-            .clamp(REPACK_FRAGMENTED_BYTES_MIN, LOG_BYTES_PER_CHECKPOINT);
-        let fragmented = state.extents_of_objects(&fragmented_objects(&aged, budget));
+            .clamp(t.repack_fragmented_bytes_min, t.log_bytes_per_checkpoint);
+        let fragmented = state.extents_of_objects(&fragmented_objects(
+            &aged,
+            budget,
+            t.repack_live_percent_max,
+        ));
         // Sparse objects are repacking's, within its own budget: under fsync-heavy load they
         // are many, and re-sealing is for the dense ones.
         let lz4 = match self.inner.codec {
             Codec::Zstd => whole_objects_up_to(
                 state
-                    .extents_of_lz4_objects(covered.aged_through, REPACK_LIVE_EXTENTS_MAX)
+                    .extents_of_lz4_objects(
+                        covered.aged_through,
+                        t.repack_live_extents_max as usize,
+                    )
                     .into_iter(),
-                RESEAL_EXTENTS_MAX,
+                t.reseal_extents_max as usize,
             ),
             Codec::Lz4 | Codec::None => Vec::new(),
         };
@@ -124,7 +137,7 @@ impl Engine {
     }
 
     /// Moves `extents` (inode, index, pointer as the checkpoint has it) by flushes of up to
-    /// REPACK_EXTENTS_PER_OBJECT, counting those moved in `moved_count`. Client flushes queued
+    /// `Tuning::repack_extents_per_object`, counting those moved in `moved_count`. Client flushes queued
     /// behind one wait for a few milliseconds of sealing, not for all of it (and in a `file://`
     /// bucket each object stays small enough for the journal).
     pub(super) async fn move_extents(
@@ -138,7 +151,7 @@ impl Engine {
                     .newest_first()
                     .all(|b| !b.extents.contains_key(&(ino, index)))
         };
-        for chunk in extents.chunks(REPACK_EXTENTS_PER_OBJECT) {
+        for chunk in extents.chunks(self.inner.tuning.repack_extents_per_object as usize) {
             // The plaintext: from the memory tier while it is there (it usually is for
             // extents written since the last checkpoint or so), else fetched.
             let mut found = Vec::with_capacity(chunk.len());
@@ -207,7 +220,9 @@ mod tests {
             (5, 5, 1000),
         ];
         let chosen = |budget| {
-            let mut seqs: Vec<u64> = fragmented_objects(&objects, budget).into_iter().collect();
+            let mut seqs: Vec<u64> = fragmented_objects(&objects, budget, 50)
+                .into_iter()
+                .collect();
             seqs.sort_unstable();
             seqs
         };
@@ -220,7 +235,7 @@ mod tests {
             vec![1, 2, 3, 5],
             "51 % live is not fragmented"
         );
-        assert!(fragmented_objects(&[(1, 60, 100)], 1000).is_empty());
+        assert!(fragmented_objects(&[(1, 60, 100)], 1000, 50).is_empty());
     }
 
     #[test]

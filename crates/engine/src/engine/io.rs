@@ -53,8 +53,9 @@ impl Engine {
             Fill::Data(d) => (first..=last)
                 .filter_map(|index| {
                     let (start, end) = extent_span(index, offset, length);
-                    let at = (index * EXTENT_SIZE_BYTES_U64 - offset) as usize;
                     (start == 0 && end == EXTENT_SIZE_BYTES).then(|| {
+                        // A whole extent starts at or after `offset`.
+                        let at = (index * EXTENT_SIZE_BYTES_U64 - offset) as usize;
                         self.inner
                             .extent_buffers
                             .copy_of(&d[at..at + EXTENT_SIZE_BYTES])
@@ -241,7 +242,7 @@ impl Engine {
                             && u64::from(item.1.offset)
                                 <= u64::from(prev.offset)
                                     + u64::from(prev.length)
-                                    + READ_COALESCE_GAP_BYTES
+                                    + self.inner.tuning.read_coalesce_gap_bytes
                     } =>
                 {
                     g.push(item)

@@ -38,14 +38,16 @@ use stats::Counters;
 use crate::bucket::{DeleteMode, PutMode, SharedBucket, StoreError};
 use crate::cache::DiskCache;
 use crate::cadence::{BarrierCadence, WriteBehind};
-use crate::crypto::{KeyError, Sealer, Superblock};
+use crate::crypto::{KdfCost, KeyError, Sealer, Superblock};
 use crate::extent_buffers::ExtentBuffers;
 use crate::frame::{self, Codec, FRAME_BYTES_MAX};
-use crate::lease::{self, LeaseError, LockHolder};
+use crate::lease::{self, Lease, LeaseError};
 use crate::limits::*;
 use crate::logobj::{self, ObjectError, LOG_HEADER_BYTES};
 use crate::meta::{ExtentPtr, MetaOp, MetaState};
 use crate::object_buffer::{ObjectBuffer, ObjectBuffers};
+use crate::tasks::TaskSet;
+use crate::tuning::Tuning;
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use parking_lot::Mutex;
@@ -63,7 +65,8 @@ struct Inner {
     bucket: SharedBucket,
     sealer: Arc<Sealer>,
     codec: Codec,
-    reseal_after: Duration,
+    tuning: Tuning,
+    tasks: TaskSet,
     read_only: bool,
     state: Mutex<State>,
     seal: tokio::sync::Mutex<SealCtl>,
@@ -74,7 +77,8 @@ struct Inner {
     durable_gen: AtomicU64,
     poisoned: Mutex<Option<String>>,
     disk_cache: Option<DiskCache>,
-    lock_holder: Option<LockHolder>,
+    /// The writer lock (none when read-only); shared only with `Engine::open` while it loads.
+    lock_holder: Option<Arc<Lease>>,
     checkpoint_running: AtomicBool,
     /// When the last log object was committed (`Inner::epoch` + this many microseconds).
     last_commit_us: AtomicU64,
@@ -82,7 +86,7 @@ struct Inner {
     /// but only the next checkpoint deletes them.
     repacked_uncollected: AtomicBool,
     /// When the engine was opened: the origin of `last_commit_us`.
-    epoch: std::time::Instant,
+    epoch: tokio::time::Instant,
     /// Buffers of the checkpoint being encoded (one at a time: see `checkpoint_running`).
     checkpoint_scratch: Mutex<logobj::CheckpointScratch>,
     object_buffers: Arc<ObjectBuffers>,
@@ -138,7 +142,7 @@ impl Engine {
         *self.inner.poisoned.lock() = Some("the engine is closed".into());
         self.inner.bucket.end_writing().await?;
         if let Some(me) = &self.inner.lock_holder {
-            lease::release(&self.inner.bucket, me).await?;
+            lease::release(&self.inner.bucket, &me.holder).await?;
         }
         Ok(())
     }

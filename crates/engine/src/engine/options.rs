@@ -13,12 +13,12 @@ pub struct EngineOptions {
     pub disk_cache_dir: Option<PathBuf>,
     pub disk_cache_bytes_max: u64,
     pub read_only: bool,
-    /// A checkpoint is written after this long without a commit, when enough log objects
-    /// await one (limits.rs, QUIET_CHECKPOINT_AFTER_MS); `None`: only the regular ones.
-    pub quiet_checkpoint_after: Option<Duration>,
-    /// lz4 frames are re-sealed with zstd once a checkpoint at least this old covers them
-    /// (limits.rs, RESEAL_AFTER_S).
-    pub reseal_after: Duration,
+    /// The password's key-derivation cost, for a bucket this open creates (tests lower it).
+    pub kdf_cost: KdfCost,
+    /// Values fitted to a workload (tuning.rs).
+    pub tuning: Tuning,
+    /// Every task the engine starts; stopping them all is how a crash test kills an engine.
+    pub tasks: TaskSet,
 }
 
 impl EngineOptions {
@@ -31,8 +31,14 @@ impl EngineOptions {
             disk_cache_dir: None,
             disk_cache_bytes_max: 0,
             read_only: false,
-            quiet_checkpoint_after: None,
-            reseal_after: Duration::ZERO,
+            // Tests ask for checkpoints themselves, and age nothing by default.
+            tuning: Tuning {
+                quiet_checkpoint_after_ms: 0,
+                reseal_after_s: 0,
+                ..Tuning::default()
+            },
+            kdf_cost: KdfCost::default(),
+            tasks: TaskSet::default(),
         }
     }
 }

@@ -3,18 +3,20 @@
 
 use super::*;
 
-/// Opens (creating it on first use) the superblock and returns the unlocked sealer.
+/// Opens the superblock and returns the unlocked sealer; creates the superblock (at that
+/// key-derivation cost) if there is none and `create` says so.
 pub(super) async fn unlock(
     bucket: &SharedBucket,
     password: &str,
-    create: bool,
+    create: Option<KdfCost>,
 ) -> Result<Sealer, EngineError> {
     match bucket.get(SUPERBLOCK_KEY).await {
         Ok(bytes) => Ok(Sealer::new(
             &Superblock::from_json(&bytes)?.unlock(password)?,
         )),
-        Err(StoreError::NotFound(_)) if create => {
-            let (sb, key) = Superblock::create(password)?;
+        Err(StoreError::NotFound(_)) if create.is_some() => {
+            let kdf_cost = create.expect("checked by the guard");
+            let (sb, key) = Superblock::create(password, kdf_cost)?;
             match bucket
                 .put(SUPERBLOCK_KEY, Bytes::from(sb.to_json()), PutMode::Create)
                 .await
@@ -25,7 +27,7 @@ pub(super) async fn unlock(
                 }
                 // Another process created it first: use theirs.
                 Err(StoreError::AlreadyExists(_)) => {
-                    Box::pin(unlock(bucket, password, false)).await
+                    Box::pin(unlock(bucket, password, None)).await
                 }
                 // Creating an object can only find nothing when the bucket itself is missing.
                 Err(StoreError::NotFound(_)) => Err(EngineError::Store(StoreError::Permanent(
@@ -63,11 +65,12 @@ pub async fn change_password(
 impl Engine {
     pub async fn open(bucket: SharedBucket, opts: EngineOptions) -> Result<Engine, EngineError> {
         // Check the password before anything is written: a wrong password changes nothing.
-        let sealer = unlock(&bucket, &opts.password, !opts.read_only).await?;
+        let create = (!opts.read_only).then_some(opts.kdf_cost);
+        let sealer = unlock(&bucket, &opts.password, create).await?;
         let lock_holder = if opts.read_only {
             None
         } else {
-            Some(lease::acquire(&bucket).await?)
+            Some(Arc::new(lease::acquire(&bucket).await?))
         };
         let sealer = Arc::new(sealer);
         let opened = async {
@@ -98,7 +101,7 @@ impl Engine {
         }
         .await;
         if let (Err(_), Some(me)) = (&opened, &lock_holder) {
-            let _ = lease::release(&bucket, me).await;
+            let _ = lease::release(&bucket, &me.holder).await;
         }
         opened
     }
@@ -107,7 +110,7 @@ impl Engine {
         bucket: SharedBucket,
         sealer: Arc<Sealer>,
         opts: &EngineOptions,
-        lock_holder: Option<LockHolder>,
+        lock_holder: Option<Arc<Lease>>,
     ) -> Result<Engine, EngineError> {
         let mut committed = MetaState::default();
         let checkpoints: Vec<u64> = bucket
@@ -226,7 +229,8 @@ impl Engine {
                 bucket,
                 sealer,
                 codec: opts.codec,
-                reseal_after: opts.reseal_after,
+                tuning: opts.tuning.clone(),
+                tasks: opts.tasks.clone(),
                 read_only: opts.read_only,
                 state: Mutex::new(State {
                     write_gen: 0,
@@ -245,7 +249,7 @@ impl Engine {
                     checkpoint_seq,
                     checkpoints_begun: VecDeque::from([(
                         checkpoint_seq,
-                        std::time::Instant::now(),
+                        tokio::time::Instant::now(),
                     )]),
                     log_bytes_since_checkpoint: 0,
                     known_logs,
@@ -257,12 +261,12 @@ impl Engine {
                 checkpoint_running: AtomicBool::new(false),
                 last_commit_us: AtomicU64::new(0),
                 repacked_uncollected: AtomicBool::new(false),
-                epoch: std::time::Instant::now(),
+                epoch: tokio::time::Instant::now(),
                 checkpoint_scratch: Mutex::default(),
                 object_buffers: Arc::default(),
                 extent_buffers: ExtentBuffers::default(),
                 background_flush: AtomicBool::new(false),
-                barrier_cadence: BarrierCadence::default(),
+                barrier_cadence: BarrierCadence::new(&opts.tuning),
                 write_behind_running: AtomicBool::new(false),
                 log_bytes_stored: AtomicU64::new(log_bytes_stored),
                 upload_failing: AtomicBool::new(false),
@@ -274,7 +278,7 @@ impl Engine {
         };
         if !opts.read_only {
             engine.spawn_periodic_flush(opts.flush_interval);
-            if let Some(quiet) = opts.quiet_checkpoint_after {
+            if let Some(quiet) = opts.tuning.quiet_checkpoint_after() {
                 engine.spawn_quiet_checkpoints(quiet);
             }
         }

@@ -20,7 +20,7 @@ impl Engine {
     ///   lz4 bucketfs used ~5 % less CPU per pgbench rw-sync transaction (bench/ab), though it
     ///   uploads about a third more bytes;
     /// - any batch a client's barrier or write-behind seals while the barriers come less than
-    ///   `WRITE_BEHIND_GATHERED_BARRIER_GAP_US` apart: under pgbench rw-async the barrier was
+    ///   `Tuning::write_behind_gathered_barrier_gap_us` apart: under pgbench rw-async the barrier was
     ///   mostly the WAL writer's ~1 MiB being sealed with zstd on cores PostgreSQL keeps busy
     ///   (docs/benchmarks.md, "lz4 where a client waits").
     ///
@@ -31,7 +31,7 @@ impl Engine {
     pub(super) fn codec_for(&self, extents: usize, waiting: Waiting) -> Codec {
         match self.inner.codec {
             Codec::Zstd
-                if extents <= INLINE_SEAL_EXTENTS_MAX
+                if extents as u64 <= self.inner.tuning.inline_seal_extents_max
                     || (waiting == Waiting::Client
                         && self.inner.barrier_cadence.write_behind() != WriteBehind::Off) =>
             {
@@ -50,13 +50,14 @@ impl Engine {
     ) -> (ObjectBuffer, Vec<MetaOp>) {
         // The fsync-heavy case (a few extents per flush) takes tens of microseconds to seal:
         // less than the hop to a blocking thread, which sits on the critical path of an fsync.
-        if batch.extents.len() <= INLINE_SEAL_EXTENTS_MAX {
+        if batch.extents.len() as u64 <= self.inner.tuning.inline_seal_extents_max {
             return self.encode_blocking(seq, &batch, codec);
         }
         let engine = self.clone();
-        tokio::task::spawn_blocking(move || engine.encode_blocking(seq, &batch, codec))
+        self.inner
+            .tasks
+            .spawn_blocking(move || engine.encode_blocking(seq, &batch, codec))
             .await
-            .expect("encoding does not panic")
     }
 
     pub(super) fn encode_blocking(
@@ -89,7 +90,10 @@ impl Engine {
         }
         data.sort_unstable_by_key(|(ino, index, _, _)| (*ino, *index));
         let threads = cpu_count()
-            .min(data.len().div_ceil(PARALLEL_SEAL_EXTENTS_MIN))
+            .min(
+                data.len()
+                    .div_ceil(self.inner.tuning.parallel_seal_extents_min as usize),
+            )
             .max(1);
         let chunk = data.len().div_ceil(threads).max(1);
         let sealer = &self.inner.sealer;
@@ -115,7 +119,7 @@ impl Engine {
         let stretches = &mut room[LOG_HEADER_BYTES..];
         // Batches of up to a few hundred extents (the fsync-heavy case, PostgreSQL's WAL bursts,
         // repacks) are sealed by this thread alone: splitting them costs more than it saves
-        // (PARALLEL_SEAL_EXTENTS_MIN). Larger ones on rayon's threads, which live as long as
+        // (`Tuning::parallel_seal_extents_min`). Larger ones on rayon's threads, which live as long as
         // the process: a thread started per batch would set up its zstd contexts and random
         // generator afresh, in freshly faulted memory (2 % of bucketfs's CPU under pgbench
         // rw-sync, where repacked objects were such batches; perf).

@@ -8,7 +8,7 @@ impl Engine {
     /// write is sealed and uploaded as soon as it is applied, so the barrier that follows finds
     /// it on its way: the upload overlaps the client's own round trip from the write's reply to
     /// its flush, instead of starting after it. While they ask every few hundred milliseconds,
-    /// writes are sealed and uploaded once `WRITE_BEHIND_GATHERED_BYTES` have gathered, so a
+    /// writes are sealed and uploaded once `Tuning::write_behind_gathered_bytes` have gathered, so a
     /// barrier seals at most about that much itself. One write-behind at a time: writes applied
     /// meanwhile go together in its next object, so a burst of writes is not cut into an object
     /// each. The task starts when the writer's task next waits, so a caller that answers its
@@ -22,7 +22,7 @@ impl Engine {
             return;
         }
         let engine = self.clone();
-        tokio::spawn(async move {
+        self.inner.tasks.spawn(async move {
             let covered = {
                 let _running = ClearOnDrop(&engine.inner.write_behind_running);
                 engine.write_behind_until_caught_up().await
@@ -44,7 +44,9 @@ impl Engine {
     pub(super) fn write_behind_due(&self, pending_bytes: usize) -> bool {
         match self.inner.barrier_cadence.write_behind() {
             WriteBehind::EveryWrite => true,
-            WriteBehind::Gathered => pending_bytes >= WRITE_BEHIND_GATHERED_BYTES,
+            WriteBehind::Gathered => {
+                pending_bytes as u64 >= self.inner.tuning.write_behind_gathered_bytes
+            }
             WriteBehind::Off => false,
         }
     }

@@ -1,13 +1,16 @@
 //! Helpers shared by the engine's integration tests.
 
-use bucketfs_engine::limits::LOG_OBJECTS_PER_CHECKPOINT_MIN;
-use bucketfs_engine::{Engine, Fill};
+use bucketfs_engine::{Engine, Fill, Tuning};
+
+fn log_objects_per_checkpoint_min() -> u64 {
+    Tuning::default().log_objects_per_checkpoint_min
+}
 
 /// Writes and flushes one 4 KiB block per flush, cycling over `slots` blocks of inode 1, until
 /// a checkpoint is due, then waits until the collector has deleted more than half of those
 /// log objects (each is dead once its block is overwritten). Returns the number of flushes.
 pub async fn flush_past_a_checkpoint(e: &Engine, slots: u64) -> u64 {
-    let n = LOG_OBJECTS_PER_CHECKPOINT_MIN + 10;
+    let n = log_objects_per_checkpoint_min() + 10;
     for i in 0..n {
         let block: Vec<u8> = (0..4096).map(|b| (i as usize * 7 + b) as u8).collect();
         e.write(1, (i % slots) * 4096, 4096, Fill::Data(&block))
@@ -38,7 +41,7 @@ pub async fn flush_until_checkpoints(e: &Engine, n: u64) {
             "{n} checkpoints not written: {:?}",
             e.stats()
         );
-        if i > 0 && i % (LOG_OBJECTS_PER_CHECKPOINT_MIN + 10) == 0 {
+        if i > 0 && i % (log_objects_per_checkpoint_min() + 10) == 0 {
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }
         let block: Vec<u8> = (0..4096).map(|b| (i as usize * 5 + b) as u8).collect();

@@ -1,0 +1,205 @@
+//! Values fitted to a workload on a machine, with their defaults: settable in the config's
+//! `[tuning]` table (bucketfs docs/config), unlike the structural limits of limits.rs. Each
+//! default says what it was fitted to; the measurements are in docs/benchmarks.md.
+
+use crate::limits::{EXTENT_SIZE_BYTES, PENDING_BYTES_MAX};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Tuning {
+    /// A flush starts in the background once this much data is pending, so sealing and
+    /// uploading overlap with writers filling the next batch.
+    pub dirty_bytes_flush_start: u64,
+    /// Flushes of at most this many extents are sealed on the calling task: below the cost of
+    /// the hop to a blocking thread (about 10 us per extent on the 2-core test VM).
+    pub inline_seal_extents_max: u64,
+    /// A batch is split between threads for sealing only when each gets at least this many
+    /// extents; smaller splits made rayon spin on a machine PostgreSQL keeps busy.
+    pub parallel_seal_extents_min: u64,
+    /// Every write starts on its way to the bucket as soon as it is applied while barriers
+    /// come at least this often (an fsync per transaction), on average and lately.
+    pub write_behind_barrier_gap_us: u64,
+    /// While barriers come at least this often (PostgreSQL with `synchronous_commit = off`),
+    /// writes start on their way once `write_behind_gathered_bytes` have gathered.
+    pub write_behind_gathered_barrier_gap_us: u64,
+    /// See `write_behind_gathered_barrier_gap_us`.
+    pub write_behind_gathered_bytes: u64,
+    /// Longer gaps between barriers count as this long in their running mean, so a client that
+    /// resumes fsyncing turns write-behind on within a few dozen barriers.
+    pub barrier_gap_counted_max_us: u64,
+    /// A checkpoint is due after this many bytes of log objects, so overwritten data does not
+    /// pile up under write-heavy load.
+    pub log_bytes_per_checkpoint: u64,
+    /// A checkpoint is due once the log objects after the last one number the map's extents /
+    /// this, within the two bounds below: a checkpoint encodes the whole map today, so this
+    /// bounds its cost per log object written.
+    pub checkpoint_extents_per_log_object: u64,
+    /// Fewest log objects between checkpoints.
+    pub log_objects_per_checkpoint_min: u64,
+    /// Most log objects between checkpoints: an open never replays more than this many.
+    pub log_objects_per_checkpoint_max: u64,
+    /// After this long without a commit, a checkpoint is written if the log objects since the
+    /// last one number at least 1/`quiet_checkpoint_fraction` of the regular interval, so a
+    /// burst's garbage is collected before the next burst. 0: never.
+    pub quiet_checkpoint_after_ms: u64,
+    /// See `quiet_checkpoint_after_ms`.
+    pub quiet_checkpoint_fraction: u64,
+    /// A log object a checkpoint covers that keeps between 1 and this many live extents has
+    /// them moved ("repacked") so it can die: under fsync-heavy load a quarter of the small
+    /// objects keep one long-lived WAL page.
+    pub repack_live_extents_max: u64,
+    /// Most extents one checkpoint repacks.
+    pub repack_extents_max: u64,
+    /// A log object at most this percent live is fragmented: once aged (`reseal_after_s`), the
+    /// collector moves its live extents out, least live first, so the bucket holds at most
+    /// about twice the live data.
+    pub repack_live_percent_max: u64,
+    /// Live bytes one checkpoint moves out of fragmented objects: as many as its interval's log
+    /// objects took, at least this many, at most `log_bytes_per_checkpoint`.
+    pub repack_fragmented_bytes_min: u64,
+    /// Extents live this long (counted from the checkpoint that covered them) are aged: lz4
+    /// frames among them are re-sealed with zstd, fragmented objects among them repacked.
+    pub reseal_after_s: u64,
+    /// Most extents one checkpoint re-seals out of objects holding lz4 frames.
+    pub reseal_extents_max: u64,
+    /// Most extents in one object of moved extents: a client flush queued behind it waits a few
+    /// milliseconds of sealing, not tens; and it fits a `file://` bucket's journal (docs/0002).
+    pub repack_extents_per_object: u64,
+    /// Adjacent frames of one log object are fetched with one ranged GET while the gap between
+    /// them is at most this many bytes.
+    pub read_coalesce_gap_bytes: u64,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Tuning {
+            dirty_bytes_flush_start: PENDING_BYTES_MAX as u64 / 4,
+            inline_seal_extents_max: 16,
+            parallel_seal_extents_min: 128,
+            write_behind_barrier_gap_us: 4_000,
+            write_behind_gathered_barrier_gap_us: 250_000,
+            write_behind_gathered_bytes: 256 * 1024,
+            barrier_gap_counted_max_us: 1_000_000,
+            log_bytes_per_checkpoint: 1 << 30,
+            checkpoint_extents_per_log_object: 16,
+            log_objects_per_checkpoint_min: 1024,
+            log_objects_per_checkpoint_max: 8192,
+            quiet_checkpoint_after_ms: 5_000,
+            quiet_checkpoint_fraction: 8,
+            repack_live_extents_max: 16,
+            repack_extents_max: 2048,
+            repack_live_percent_max: 50,
+            repack_fragmented_bytes_min: 64 << 20,
+            reseal_after_s: 600,
+            reseal_extents_max: 65536,
+            repack_extents_per_object: 112,
+            read_coalesce_gap_bytes: 64 * 1024,
+        }
+    }
+}
+
+impl Tuning {
+    /// Log objects after which a checkpoint of a map of `extents` extents is due.
+    pub fn log_objects_per_checkpoint(&self, extents: u64) -> u64 {
+        (extents / self.checkpoint_extents_per_log_object).clamp(
+            self.log_objects_per_checkpoint_min,
+            self.log_objects_per_checkpoint_max,
+        )
+    }
+
+    pub fn quiet_checkpoint_after(&self) -> Option<std::time::Duration> {
+        (self.quiet_checkpoint_after_ms > 0)
+            .then(|| std::time::Duration::from_millis(self.quiet_checkpoint_after_ms))
+    }
+
+    pub fn reseal_after(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.reseal_after_s)
+    }
+
+    /// Checks the values against each other and the engine's limits; the error names the key.
+    pub fn validate(&self) -> Result<(), String> {
+        let positive = [
+            (
+                "checkpoint_extents_per_log_object",
+                self.checkpoint_extents_per_log_object,
+            ),
+            (
+                "log_objects_per_checkpoint_min",
+                self.log_objects_per_checkpoint_min,
+            ),
+            ("quiet_checkpoint_fraction", self.quiet_checkpoint_fraction),
+            ("repack_extents_per_object", self.repack_extents_per_object),
+            ("parallel_seal_extents_min", self.parallel_seal_extents_min),
+            (
+                "barrier_gap_counted_max_us",
+                self.barrier_gap_counted_max_us,
+            ),
+        ];
+        for (key, value) in positive {
+            if value == 0 {
+                return Err(format!("tuning.{key} must be at least 1"));
+            }
+        }
+        if self.log_objects_per_checkpoint_max < self.log_objects_per_checkpoint_min {
+            return Err("tuning.log_objects_per_checkpoint_max must be at least tuning.log_objects_per_checkpoint_min".into());
+        }
+        if self.dirty_bytes_flush_start > PENDING_BYTES_MAX as u64 {
+            return Err(format!(
+                "tuning.dirty_bytes_flush_start must be at most {PENDING_BYTES_MAX} (the most one log object holds)"
+            ));
+        }
+        if self.repack_live_percent_max > 100 {
+            return Err("tuning.repack_live_percent_max is a percentage: at most 100".into());
+        }
+        // An object of moved extents must fit a `file://` bucket's journal, with room for its
+        // header and metadata record.
+        let most = (crate::bucket::journal::JOURNAL_OBJECT_BYTES_MAX - 64 * 1024)
+            / crate::frame::FRAME_BYTES_MAX;
+        if self.repack_extents_per_object > most as u64 {
+            return Err(format!(
+                "tuning.repack_extents_per_object must be at most {most} (an object of moved extents fits the journal of a file:// bucket)"
+            ));
+        }
+        if self.write_behind_gathered_bytes > PENDING_BYTES_MAX as u64
+            || self.read_coalesce_gap_bytes > (PENDING_BYTES_MAX + EXTENT_SIZE_BYTES) as u64
+        {
+            return Err("tuning.write_behind_gathered_bytes and tuning.read_coalesce_gap_bytes must be at most 64 MiB".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_checkpoint_cadence_grows_with_the_map_within_bounds() {
+        let t = Tuning::default();
+        t.validate().expect("the defaults are valid");
+        assert_eq!(t.log_objects_per_checkpoint(0), 1024);
+        assert_eq!(t.log_objects_per_checkpoint(45_000), 45_000 / 16);
+        assert_eq!(t.log_objects_per_checkpoint(u64::MAX), 8192);
+    }
+
+    #[test]
+    fn invalid_values_name_their_key() {
+        let t = Tuning {
+            repack_extents_per_object: 100_000,
+            ..Tuning::default()
+        };
+        assert!(t
+            .validate()
+            .unwrap_err()
+            .contains("tuning.repack_extents_per_object"));
+        let t = Tuning {
+            log_objects_per_checkpoint_min: 0,
+            ..Tuning::default()
+        };
+        assert!(t
+            .validate()
+            .unwrap_err()
+            .contains("tuning.log_objects_per_checkpoint_min"));
+    }
+}

@@ -1,0 +1,391 @@
+//! The durability contract under crashes, checked against a model over thousands of seeded
+//! schedules: each writer process runs random writes, zeroes, truncations, key-value commits and
+//! barriers (the collector checkpointing and moving extents behind them), and dies at a random
+//! PUT of its own, some of its requests in flight landing in the store unanswered. After every
+//! crash the reopened bucket must hold exactly the model's state after some prefix of the
+//! acknowledged mutations that includes every acknowledged barrier: nothing acknowledged lost,
+//! no mutation torn or half applied, nothing that was never written.
+//!
+//! `cargo test --release -p bucketfs-engine --test crash` runs CRASH_SEEDS_DEFAULT seeds; the soak
+//! (docs/testing.md) sets BUCKETFS_CRASH_SEEDS and BUCKETFS_CRASH_FIRST_SEED. A failure prints
+//! its seed; BUCKETFS_CRASH_SEED=N replays that one.
+
+use bucketfs_engine::bucket::{
+    open_url, CrashableBucket, FreezePlan, RetryingBucket, SharedBucket,
+};
+use bucketfs_engine::limits::EXTENT_SIZE_BYTES;
+use bucketfs_engine::{Codec, Engine, EngineOptions, Fill, KdfCost, KvChange, TaskSet, Tuning};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Seeds run by the README's test command (a few seconds each at most).
+const CRASH_SEEDS_DEFAULT: u64 = 300;
+/// Writer processes per seed that crash; one more then opens the bucket and checks it.
+const LIVES: usize = 4;
+/// Mutations and barriers one process issues at most before it is killed anyway.
+const OPS_PER_LIFE_MAX: u64 = 120;
+const INODES: u64 = 2;
+/// Bytes per file of the model: 14 extents, so writes overlap often.
+const FILE_BYTES: u64 = 14 * EXTENT_SIZE_BYTES as u64;
+const KV_KEYS: u64 = 8;
+
+/// splitmix64: one seed reproduces a schedule.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+    fn bytes(&mut self, len: usize) -> Vec<u8> {
+        // Runs of repeated bytes and noise, so frames both compress and do not.
+        let mut out = Vec::with_capacity(len);
+        while out.len() < len {
+            let run = (1 + self.below(600) as usize).min(len - out.len());
+            if self.chance(50) {
+                let b = self.next() as u8;
+                out.extend(std::iter::repeat_n(b, run));
+            } else {
+                out.extend((0..run).map(|_| self.next() as u8));
+            }
+        }
+        out
+    }
+}
+
+/// What the bucket must hold: the files' bytes and the key-value pairs.
+#[derive(Clone, PartialEq, Eq)]
+struct Model {
+    files: Vec<Vec<u8>>,
+    kv: BTreeMap<Vec<u8>, Vec<u8>>,
+}
+
+impl Model {
+    fn empty() -> Model {
+        Model {
+            files: vec![vec![0; FILE_BYTES as usize]; INODES as usize],
+            kv: BTreeMap::new(),
+        }
+    }
+}
+
+/// Checkpoints every few log objects and an eager collector, so crashes land in the middle of
+/// checkpoints, deletions and moves too; small thresholds send batches down every sealing path.
+fn crash_tuning(rng: &mut Rng) -> Tuning {
+    Tuning {
+        log_objects_per_checkpoint_min: 2 + rng.below(4),
+        log_objects_per_checkpoint_max: 8,
+        checkpoint_extents_per_log_object: 1 << 20,
+        quiet_checkpoint_after_ms: if rng.chance(50) { 20 } else { 0 },
+        quiet_checkpoint_fraction: 2,
+        reseal_after_s: 0,
+        repack_fragmented_bytes_min: 64 * 1024,
+        repack_extents_per_object: 1 + rng.below(6),
+        inline_seal_extents_max: rng.below(4),
+        parallel_seal_extents_min: 2,
+        dirty_bytes_flush_start: 48 * 1024,
+        write_behind_gathered_bytes: 16 * 1024,
+        ..Tuning::default()
+    }
+}
+
+fn options(rng: &mut Rng, tasks: TaskSet) -> EngineOptions {
+    let mut opts = EngineOptions::for_tests("pw");
+    opts.codec = if rng.chance(50) {
+        Codec::Zstd
+    } else {
+        Codec::Lz4
+    };
+    opts.kdf_cost = KdfCost {
+        memory_kib: 64,
+        passes: 1,
+    };
+    opts.tuning = crash_tuning(rng);
+    opts.tasks = tasks;
+    opts
+}
+
+/// What the schedules exercised, summed over every process of every seed: a crash test whose
+/// crashes never hit a checkpoint or a move would prove little.
+#[derive(Default, Debug)]
+struct Tally {
+    crashes: u64,
+    crashes_while_opening: u64,
+    barriers_acknowledged: u64,
+    mutations: u64,
+    checkpoints: u64,
+    log_objects_deleted: u64,
+    extents_moved: u64,
+}
+
+/// The bucket's state as an engine opened on it sees it.
+async fn observe(e: &Engine) -> Model {
+    let mut files = Vec::new();
+    for ino in 1..=INODES {
+        files.push(e.read(ino, 0, FILE_BYTES as usize).await.expect("reads"));
+    }
+    Model {
+        files,
+        kv: e.kv_scan(b"").into_iter().collect(),
+    }
+}
+
+/// The index in `history` (at or after `acked`) of the state `seen`, if any.
+fn find_prefix(history: &[Model], acked: usize, seen: &Model) -> Option<usize> {
+    (acked..history.len()).rev().find(|&i| history[i] == *seen)
+}
+
+fn describe_mismatch(history: &[Model], acked: usize, seen: &Model) -> String {
+    let last = history.last().expect("history is never empty");
+    let mut why = format!(
+        "the bucket matches none of the {} states from the last acknowledged barrier on",
+        history.len() - acked
+    );
+    if let Some(i) = (0..acked).rev().find(|&i| history[i] == *seen) {
+        why += &format!("; it equals state {i}, before the acknowledged state {acked}: an acknowledged barrier was lost");
+    }
+    for ino in 0..INODES as usize {
+        if let Some(at) =
+            (0..FILE_BYTES as usize).find(|&b| seen.files[ino][b] != last.files[ino][b])
+        {
+            why += &format!(
+                "; inode {} first differs from the newest state at byte {at}",
+                ino + 1
+            );
+        }
+    }
+    if seen.kv != last.kv {
+        why += "; key-value pairs differ from the newest state";
+    }
+    why
+}
+
+/// One writer process: opens the bucket, checks what it finds, then mutates until its view of
+/// the bucket freezes (or it has done enough). `history[acked]` is the newest state a barrier
+/// acknowledged; the history grows by one state per acknowledged mutation.
+async fn live(
+    store: &SharedBucket,
+    rng: &mut Rng,
+    plan: Option<FreezePlan>,
+    tasks: TaskSet,
+    history: &mut Vec<Model>,
+    acked: &mut usize,
+    tally: &mut Tally,
+) -> Result<(), String> {
+    let view = Arc::new(CrashableBucket::new(store.clone(), plan));
+    let bucket: SharedBucket = Arc::new(RetryingBucket::new(view.clone()));
+    let opts = options(rng, tasks);
+    let e = tokio::select! {
+        opened = Engine::open(bucket, opts) => opened.map_err(|e| format!("open failed: {e}"))?,
+        () = view.frozen() => {
+            tally.crashes_while_opening += 1;
+            return Ok(());
+        }
+    };
+    let seen = tokio::select! {
+        seen = observe(&e) => seen,
+        () = view.frozen() => return Ok(()),
+    };
+    let Some(at) = find_prefix(history, *acked, &seen) else {
+        return Err(describe_mismatch(history, *acked, &seen));
+    };
+    // From here on this is the state every later one builds on.
+    let base = history.swap_remove(at);
+    history.clear();
+    history.push(base);
+    *acked = 0;
+    // The last process only checks what the crashes left.
+    let ops = if plan.is_some() {
+        1 + rng.below(OPS_PER_LIFE_MAX)
+    } else {
+        0
+    };
+    for _ in 0..ops {
+        if view.is_frozen() {
+            break;
+        }
+        let mut next = history.last().expect("never empty").clone();
+        let ino = 1 + rng.below(INODES);
+        let file = &mut next.files[(ino - 1) as usize];
+        match rng.below(100) {
+            // Writes of any size and alignment, most of them small.
+            0..=44 => {
+                let offset = rng.below(FILE_BYTES);
+                let room = FILE_BYTES - offset;
+                let len = if rng.chance(60) {
+                    1 + rng.below(room.min(9000))
+                } else {
+                    1 + rng.below(room)
+                };
+                let data = rng.bytes(len as usize);
+                file[offset as usize..(offset + len) as usize].copy_from_slice(&data);
+                let w = e.write(ino, offset, len, Fill::Data(&data));
+                tokio::select! {
+                    r = w => r.map_err(|e| format!("write failed: {e}"))?,
+                    // Cut off by the crash: it may or may not have been applied, and a flush
+                    // already under way may carry it into the bucket.
+                    () = view.frozen() => {
+                        history.push(next);
+                        break;
+                    }
+                }
+            }
+            45..=54 => {
+                let offset = rng.below(FILE_BYTES);
+                let len = 1 + rng.below(FILE_BYTES - offset);
+                let punch = rng.chance(70);
+                file[offset as usize..(offset + len) as usize].fill(0);
+                let w = e.write(ino, offset, len, Fill::Zeroes { punch });
+                tokio::select! {
+                    r = w => r.map_err(|e| format!("zeroing failed: {e}"))?,
+                    () = view.frozen() => {
+                        history.push(next);
+                        break;
+                    }
+                }
+            }
+            55..=59 => {
+                let from_index = rng.below(FILE_BYTES / EXTENT_SIZE_BYTES as u64 + 1);
+                file[(from_index * EXTENT_SIZE_BYTES as u64) as usize..].fill(0);
+                e.drop_extents_from(ino, from_index)
+                    .map_err(|e| format!("truncation failed: {e}"))?;
+            }
+            60..=71 => {
+                let mut changes = Vec::new();
+                for _ in 0..1 + rng.below(3) {
+                    let key = format!("key{}", rng.below(KV_KEYS)).into_bytes();
+                    if rng.chance(25) {
+                        next.kv.remove(&key);
+                        changes.push(KvChange::Delete(key));
+                    } else {
+                        let len = rng.below(200) as usize;
+                        let value = rng.bytes(len);
+                        next.kv.insert(key.clone(), value.clone());
+                        changes.push(KvChange::Put(key, value));
+                    }
+                }
+                e.kv_commit(changes)
+                    .map_err(|e| format!("key-value commit failed: {e}"))?;
+            }
+            // A barrier: once it returns, everything before it must survive.
+            _ => {
+                tokio::select! {
+                    r = e.flush() => r.map_err(|e| format!("barrier failed: {e}"))?,
+                    () = view.frozen() => break,
+                }
+                *acked = history.len() - 1;
+                tally.barriers_acknowledged += 1;
+                if rng.chance(20) {
+                    // Room for the collector and the quiet checkpoint to run.
+                    tokio::time::sleep(Duration::from_millis(rng.below(25))).await;
+                }
+                continue;
+            }
+        }
+        history.push(next);
+        tally.mutations += 1;
+        if rng.chance(10) {
+            let now = tokio::select! {
+                now = observe(&e) => now,
+                () = view.frozen() => break,
+            };
+            if now != *history.last().expect("never empty") {
+                return Err("a read differs from what was just written".into());
+            }
+        }
+    }
+    let stats = e.stats();
+    tally.checkpoints += stats.checkpoints_written;
+    tally.log_objects_deleted += stats.log_objects_deleted;
+    tally.extents_moved +=
+        stats.extents_repacked + stats.extents_defragmented + stats.extents_resealed;
+    // Killed here if not frozen yet: whatever was in flight may still land.
+    view.freeze();
+    Ok(())
+}
+
+/// Runs one seeded schedule; the error says what broke.
+fn run_seed(seed: u64, tally: &mut Tally) -> Result<(), String> {
+    let mut rng = Rng(seed);
+    let store: SharedBucket = open_url("memory://", &Vec::new()).expect("memory store");
+    let mut history = vec![Model::empty()];
+    let mut acked = 0;
+    for life in 0..=LIVES {
+        let last = life == LIVES;
+        let plan = (!last).then(|| FreezePlan {
+            // A fifth of the processes die while opening or just after.
+            at_put: if rng.chance(20) {
+                rng.below(3)
+            } else {
+                rng.below(40)
+            },
+            land_max: rng.below(3) as u32,
+            seed: rng.next(),
+        });
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        let tasks = TaskSet::default();
+        let outcome = rt.block_on(live(
+            &store,
+            &mut rng,
+            plan,
+            tasks.clone(),
+            &mut history,
+            &mut acked,
+            tally,
+        ));
+        tally.crashes += u64::from(!last);
+        // The crash: every task of the process stops where it is.
+        rt.block_on(tasks.stop_all());
+        rt.shutdown_timeout(Duration::from_secs(10));
+        outcome.map_err(|why| format!("seed {seed}, life {life}: {why}"))?;
+    }
+    Ok(())
+}
+
+fn seeds() -> std::ops::Range<u64> {
+    let var = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u64>().ok());
+    if let Some(seed) = var("BUCKETFS_CRASH_SEED") {
+        return seed..seed + 1;
+    }
+    let first = var("BUCKETFS_CRASH_FIRST_SEED").unwrap_or(1);
+    first..first + var("BUCKETFS_CRASH_SEEDS").unwrap_or(CRASH_SEEDS_DEFAULT)
+}
+
+#[test]
+fn every_crash_leaves_a_prefix_that_holds_every_acknowledged_barrier() {
+    let started = std::time::Instant::now();
+    let seeds = seeds();
+    let count = seeds.end - seeds.start;
+    let mut tally = Tally::default();
+    let failures: Vec<String> = seeds
+        .filter_map(|seed| run_seed(seed, &mut tally).err())
+        .collect();
+    eprintln!(
+        "crash test: {count} seeds, {} failed, {:.1} s; {tally:?}",
+        failures.len(),
+        started.elapsed().as_secs_f64()
+    );
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    // The schedules must reach what they are meant to crash.
+    assert!(tally.barriers_acknowledged > 0 && tally.crashes_while_opening > 0);
+    if count >= 20 {
+        assert!(
+            tally.checkpoints > 0 && tally.log_objects_deleted > 0 && tally.extents_moved > 0,
+            "{tally:?}"
+        );
+    }
+}
