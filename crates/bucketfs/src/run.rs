@@ -4,7 +4,7 @@ use crate::admin::Admin;
 use crate::config::{Compression, Config};
 use crate::exports::BlockDevices;
 use bucketfs_engine::bucket::{open_url, CountingBucket, RetryingBucket, SharedBucket};
-use bucketfs_engine::{Codec, Engine, EngineOptions, TaskSet};
+use bucketfs_engine::{Codec, Engine, EngineOptions, KdfCost, TaskSet};
 use bucketfs_fs::Fs;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -92,6 +92,7 @@ pub async fn run(config: Option<&PathBuf>, read_only: bool) -> Result<(), String
         disk_cache_bytes_max: cfg.cache.disk_bytes_max,
         read_only,
         tuning: cfg.tuning.clone(),
+        kdf_cost: KdfCost::default(),
         tasks: TaskSet::default(),
     };
     let engine = Engine::open(bucket, opts)

@@ -387,22 +387,26 @@ fn decode_ino(owner: u64, v: &[u8]) -> Result<u64, FsError> {
 mod tests {
     use super::*;
     use bucketfs_engine::bucket::{open_url, SharedBucket};
-    use bucketfs_engine::EngineOptions;
+    use bucketfs_engine::{EngineOptions, TaskSet};
 
-    async fn open(bucket: &SharedBucket) -> Fs {
-        Fs::open(
-            Engine::open(bucket.clone(), EngineOptions::for_tests("pw"))
-                .await
-                .unwrap(),
-        )
-        .await
-        .unwrap()
+    /// Opens the filesystem as a new process would; returns the tasks its engine starts.
+    async fn open(bucket: &SharedBucket) -> (Fs, TaskSet) {
+        let opts = EngineOptions::for_tests("pw");
+        let tasks = opts.tasks.clone();
+        let engine = Engine::open(bucket.clone(), opts).await.unwrap();
+        (Fs::open(engine).await.unwrap(), tasks)
+    }
+
+    /// Stops the process: every task its engine started, then the engine.
+    async fn crash(fs: Fs, tasks: TaskSet) {
+        drop(fs);
+        tasks.stop_all().await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn block_devices_are_created_resized_and_deleted_durably() {
         let bucket: SharedBucket = open_url("memory://", &Vec::new()).unwrap();
-        let fs = open(&bucket).await;
+        let (fs, tasks) = open(&bucket).await;
         let d = fs.create_block_device("disk1", 1 << 20).await.unwrap();
         assert!(matches!(
             fs.create_block_device("disk1", 1).await,
@@ -427,8 +431,8 @@ mod tests {
             "bytes cut by a shrink read as zeroes after growing"
         );
         fs.create_block_device("disk2", 4096).await.unwrap();
-        drop(fs);
-        let fs = open(&bucket).await;
+        crash(fs, tasks).await;
+        let (fs, tasks) = open(&bucket).await;
         let names: Vec<_> = fs
             .block_devices()
             .unwrap()
@@ -444,8 +448,8 @@ mod tests {
             fs.block_device("disk1"),
             Err(FsError::NotFound(_))
         ));
-        drop(fs);
-        let fs = open(&bucket).await;
+        crash(fs, tasks).await;
+        let (fs, _tasks) = open(&bucket).await;
         assert_eq!(fs.block_devices().unwrap().len(), 1);
     }
 }
