@@ -348,7 +348,7 @@ pub(super) fn fill_defaults(root: &mut Table) {
 }
 
 /// A value written as TOML text.
-pub(super) fn parse_value(text: &str) -> Value {
+fn parse_value(text: &str) -> Value {
     let mut table: Table = format!("value = {text}")
         .parse()
         .expect("defaults are valid TOML values (tested)");

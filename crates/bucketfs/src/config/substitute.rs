@@ -44,17 +44,14 @@ pub(super) fn substitute_value(
 }
 
 #[derive(Debug, PartialEq, Eq)]
-pub(super) enum SubstituteError {
+enum SubstituteError {
     Missing(String),
     Malformed(String),
 }
 
 /// Replaces each `${NAME}` with the variable's value and each `$${` with a literal `${`.
 /// One pass: a value that itself contains `${` is kept as it is, not expanded again.
-pub(super) fn substitute(
-    text: &str,
-    env: &dyn Fn(&str) -> Option<String>,
-) -> Result<String, SubstituteError> {
+fn substitute(text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String, SubstituteError> {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(dollar) = rest.find('$') {
@@ -94,4 +91,118 @@ fn is_variable_name(name: &str) -> bool {
         .next()
         .is_some_and(|first| first.is_ascii_alphabetic() || first == '_')
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{error, error_env, parse, parse_env};
+    use super::super::Config;
+    use super::*;
+
+    #[test]
+    fn missing_variable_names_file_key_and_variable() {
+        assert_eq!(
+            error("[storage]\nencryption_password = \"${BUCKETFS_PASSWORD}\"\n"),
+            "bucketfs.toml: storage.encryption_password: environment variable \
+             BUCKETFS_PASSWORD is not set"
+        );
+        assert_eq!(
+            error("[servers.nbd]\nlisten = [\"127.0.0.1:1\", \"${ADDR}\"]\n"),
+            "bucketfs.toml: servers.nbd.listen[1]: environment variable ADDR is not set"
+        );
+    }
+
+    #[test]
+    fn variables_are_substituted_inside_longer_strings() {
+        let vars = [("BUCKET", "my-bucket"), ("ENV", "prod"), ("PORT", "4000")];
+        let config = parse_env(
+            "[storage]\nurl = \"s3://${BUCKET}/bucketfs-${ENV}/${ENV}\"\n\
+             [servers.nbd]\nlisten = [\"127.0.0.1:${PORT}\"]\n\
+             [cache]\ndisk_bytes_max = \"${PORT}M\"\n",
+            &vars,
+        )
+        .unwrap();
+        assert_eq!(config.storage.url, "s3://my-bucket/bucketfs-prod/prod");
+        assert_eq!(
+            config.servers.nbd.listen,
+            vec!["127.0.0.1:4000".parse().unwrap()]
+        );
+        assert_eq!(config.cache.disk_bytes_max, 4000 << 20);
+    }
+
+    #[test]
+    fn substituted_value_is_checked_like_a_literal() {
+        assert_eq!(
+            error_env("[storage]\ncompression = \"${C}\"\n", &[("C", "gzip")]),
+            "bucketfs.toml: storage.compression: expected one of zstd, lz4, none, found \"gzip\""
+        );
+    }
+
+    #[test]
+    fn dollar_dollar_brace_is_a_literal_dollar_brace() {
+        let config = parse("[storage]\nencryption_password = \"a$${HOME}b$$c$d$\"\n").unwrap();
+        assert_eq!(
+            config.storage.encryption_password.as_deref(),
+            Some("a${HOME}b$$c$d$")
+        );
+    }
+
+    #[test]
+    fn substitution_is_a_single_pass() {
+        let vars = [("A", "${B}"), ("B", "never")];
+        let config = parse_env("[storage]\nencryption_password = \"${A}\"\n", &vars).unwrap();
+        assert_eq!(config.storage.encryption_password.as_deref(), Some("${B}"));
+    }
+
+    #[test]
+    fn variable_may_be_set_to_the_empty_string() {
+        let config = parse_env("[aws]\nregion = \"x${EMPTY}y\"\n", &[("EMPTY", "")]).unwrap();
+        assert_eq!(config.aws.region.as_deref(), Some("xy"));
+    }
+
+    #[test]
+    fn malformed_references_are_errors() {
+        assert_eq!(
+            error("[aws]\nregion = \"${REGION\"\n"),
+            "bucketfs.toml: aws.region: `${` without a closing `}` (write `$${` for a literal `${`)"
+        );
+        assert_eq!(
+            error("[aws]\nregion = \"${}\"\n"),
+            "bucketfs.toml: aws.region: `${}` is not a valid environment variable name \
+             (letters, digits and _, not starting with a digit; write `$${` for a literal `${`)"
+        );
+        for bad in ["${1X}", "${A-B}", "${A B}", "${a.b}"] {
+            let message = error(&format!("[aws]\nregion = \"{bad}\"\n"));
+            assert!(
+                message.contains("is not a valid environment variable name"),
+                "{message}"
+            );
+        }
+    }
+
+    #[test]
+    fn only_string_values_are_substituted() {
+        // Keys are never substituted, so `${X}` as a key is just an unknown key.
+        assert_eq!(
+            error_env("[aws]\n\"${X}\" = \"y\"\n", &[("X", "region")]),
+            "bucketfs.toml: unknown key `aws.\"${X}\"` (expected one of: access_key_id, \
+             secret_access_key, session_token, region, endpoint, allow_http)"
+        );
+        assert_eq!(substitute("plain", &|_| None), Ok("plain".to_string()));
+        assert_eq!(
+            substitute("${X}", &|_| None),
+            Err(SubstituteError::Missing("X".to_string()))
+        );
+    }
+
+    #[test]
+    fn substituted_text_cannot_inject_toml() {
+        let vars = [("PW", "x\"\n[admin]\nlisten = \"0.0.0.0:1")];
+        let config = parse_env("[storage]\nencryption_password = \"${PW}\"\n", &vars).unwrap();
+        assert_eq!(
+            config.storage.encryption_password.as_deref(),
+            Some(vars[0].1)
+        );
+        assert_eq!(config.admin, Config::embedded_default().admin);
+    }
 }

@@ -1,5 +1,4 @@
 use super::keys::{self, lookup};
-use super::substitute::{substitute, SubstituteError};
 use super::*;
 
 const ORIGIN: &str = "bucketfs.toml";
@@ -12,19 +11,19 @@ fn env_with<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<Strin
     }
 }
 
-fn parse_env(text: &str, vars: &[(&str, &str)]) -> Result<Config, ConfigError> {
+pub(super) fn parse_env(text: &str, vars: &[(&str, &str)]) -> Result<Config, ConfigError> {
     Config::parse_with_env(text, Path::new(ORIGIN), &env_with(vars))
 }
 
-fn parse(text: &str) -> Result<Config, ConfigError> {
+pub(super) fn parse(text: &str) -> Result<Config, ConfigError> {
     parse_env(text, &[])
 }
 
-fn error(text: &str) -> String {
+pub(super) fn error(text: &str) -> String {
     error_env(text, &[])
 }
 
-fn error_env(text: &str, vars: &[(&str, &str)]) -> String {
+pub(super) fn error_env(text: &str, vars: &[(&str, &str)]) -> String {
     match parse_env(text, vars) {
         Ok(config) => panic!("expected an error for {text:?}, got {config:?}"),
         Err(error) => error.to_string(),
@@ -449,115 +448,6 @@ fn section_that_is_not_a_table_is_an_error() {
         error("[[cache]]\ndir = \"x\"\n"),
         "bucketfs.toml: cache: expected a table ([cache]), found an array"
     );
-}
-
-// --- ${VAR} substitution -------------------------------------------------------------
-
-#[test]
-fn missing_variable_names_file_key_and_variable() {
-    assert_eq!(
-        error("[storage]\nencryption_password = \"${BUCKETFS_PASSWORD}\"\n"),
-        "bucketfs.toml: storage.encryption_password: environment variable \
-         BUCKETFS_PASSWORD is not set"
-    );
-    assert_eq!(
-        error("[servers.nbd]\nlisten = [\"127.0.0.1:1\", \"${ADDR}\"]\n"),
-        "bucketfs.toml: servers.nbd.listen[1]: environment variable ADDR is not set"
-    );
-}
-
-#[test]
-fn variables_are_substituted_inside_longer_strings() {
-    let vars = [("BUCKET", "my-bucket"), ("ENV", "prod"), ("PORT", "4000")];
-    let config = parse_env(
-        "[storage]\nurl = \"s3://${BUCKET}/bucketfs-${ENV}/${ENV}\"\n\
-         [servers.nbd]\nlisten = [\"127.0.0.1:${PORT}\"]\n\
-         [cache]\ndisk_bytes_max = \"${PORT}M\"\n",
-        &vars,
-    )
-    .unwrap();
-    assert_eq!(config.storage.url, "s3://my-bucket/bucketfs-prod/prod");
-    assert_eq!(
-        config.servers.nbd.listen,
-        vec!["127.0.0.1:4000".parse().unwrap()]
-    );
-    assert_eq!(config.cache.disk_bytes_max, 4000 << 20);
-}
-
-#[test]
-fn substituted_value_is_checked_like_a_literal() {
-    assert_eq!(
-        error_env("[storage]\ncompression = \"${C}\"\n", &[("C", "gzip")]),
-        "bucketfs.toml: storage.compression: expected one of zstd, lz4, none, found \"gzip\""
-    );
-}
-
-#[test]
-fn dollar_dollar_brace_is_a_literal_dollar_brace() {
-    let config = parse("[storage]\nencryption_password = \"a$${HOME}b$$c$d$\"\n").unwrap();
-    assert_eq!(
-        config.storage.encryption_password.as_deref(),
-        Some("a${HOME}b$$c$d$")
-    );
-}
-
-#[test]
-fn substitution_is_a_single_pass() {
-    let vars = [("A", "${B}"), ("B", "never")];
-    let config = parse_env("[storage]\nencryption_password = \"${A}\"\n", &vars).unwrap();
-    assert_eq!(config.storage.encryption_password.as_deref(), Some("${B}"));
-}
-
-#[test]
-fn variable_may_be_set_to_the_empty_string() {
-    let config = parse_env("[aws]\nregion = \"x${EMPTY}y\"\n", &[("EMPTY", "")]).unwrap();
-    assert_eq!(config.aws.region.as_deref(), Some("xy"));
-}
-
-#[test]
-fn malformed_references_are_errors() {
-    assert_eq!(
-        error("[aws]\nregion = \"${REGION\"\n"),
-        "bucketfs.toml: aws.region: `${` without a closing `}` (write `$${` for a literal `${`)"
-    );
-    assert_eq!(
-        error("[aws]\nregion = \"${}\"\n"),
-        "bucketfs.toml: aws.region: `${}` is not a valid environment variable name \
-         (letters, digits and _, not starting with a digit; write `$${` for a literal `${`)"
-    );
-    for bad in ["${1X}", "${A-B}", "${A B}", "${a.b}"] {
-        let message = error(&format!("[aws]\nregion = \"{bad}\"\n"));
-        assert!(
-            message.contains("is not a valid environment variable name"),
-            "{message}"
-        );
-    }
-}
-
-#[test]
-fn only_string_values_are_substituted() {
-    // Keys are never substituted, so `${X}` as a key is just an unknown key.
-    assert_eq!(
-        error_env("[aws]\n\"${X}\" = \"y\"\n", &[("X", "region")]),
-        "bucketfs.toml: unknown key `aws.\"${X}\"` (expected one of: access_key_id, \
-         secret_access_key, session_token, region, endpoint, allow_http)"
-    );
-    assert_eq!(substitute("plain", &|_| None), Ok("plain".to_string()));
-    assert_eq!(
-        substitute("${X}", &|_| None),
-        Err(SubstituteError::Missing("X".to_string()))
-    );
-}
-
-#[test]
-fn substituted_text_cannot_inject_toml() {
-    let vars = [("PW", "x\"\n[admin]\nlisten = \"0.0.0.0:1")];
-    let config = parse_env("[storage]\nencryption_password = \"${PW}\"\n", &vars).unwrap();
-    assert_eq!(
-        config.storage.encryption_password.as_deref(),
-        Some(vars[0].1)
-    );
-    assert_eq!(config.admin, Config::embedded_default().admin);
 }
 
 // --- values --------------------------------------------------------------------------
