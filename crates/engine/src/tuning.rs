@@ -1,6 +1,6 @@
 //! Values fitted to a workload on a machine, with their defaults: settable in the config's
-//! `[tuning]` table (bucketfs docs/config), unlike the structural limits of limits.rs. Each
-//! default says what it was fitted to; the measurements are in docs/benchmarks.md.
+//! `[tuning]` table (`bucketfs init` lists them), unlike the structural limits of limits.rs.
+//! Each says what it was fitted to; the measurements are in docs/benchmarks.md.
 
 use crate::limits::{EXTENT_SIZE_BYTES, PENDING_BYTES_MAX};
 use serde::{Deserialize, Serialize};
@@ -39,9 +39,9 @@ pub struct Tuning {
     pub log_objects_per_checkpoint_min: u64,
     /// Most log objects between checkpoints: an open never replays more than this many.
     pub log_objects_per_checkpoint_max: u64,
-    /// After this long without a commit, a checkpoint is written if the log objects since the
-    /// last one number at least 1/`quiet_checkpoint_fraction` of the regular interval, so a
-    /// burst's garbage is collected before the next burst. 0: never.
+    /// After this long without a commit (0: never), a checkpoint is written if the log objects
+    /// since the last one number at least 1/`quiet_checkpoint_fraction` of the regular interval,
+    /// so a burst's garbage is collected before the next burst.
     pub quiet_checkpoint_after_ms: u64,
     /// See `quiet_checkpoint_after_ms`.
     pub quiet_checkpoint_fraction: u64,
