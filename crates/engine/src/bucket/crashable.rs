@@ -109,7 +109,7 @@ impl CrashableBucket {
         f.rng ^= f.rng << 13;
         f.rng ^= f.rng >> 7;
         f.rng ^= f.rng << 17;
-        if f.rng % 2 == 0 {
+        if f.rng.is_multiple_of(2) {
             f.landed += 1;
             Verdict::Land
         } else {

@@ -177,7 +177,8 @@ impl Engine {
         }
         // Live bytes of a log object only ever fall (new pointers point at new objects), so an
         // object found dead here stays dead.
-        let (dead, live): (Vec<(u64, u64)>, Vec<(u64, u64)>) = {
+        type Logs = Vec<(u64, u64)>;
+        let (dead, live): (Logs, Logs) = {
             let st = self.inner.state.lock();
             covered
                 .logs

@@ -1,4 +1,6 @@
 //! Helpers shared by the engine's integration tests.
+// Each test binary uses some of them.
+#![allow(dead_code)]
 
 use bucketfs_engine::{Engine, Fill, Tuning};
 
@@ -41,7 +43,7 @@ pub async fn flush_until_checkpoints(e: &Engine, n: u64) {
             "{n} checkpoints not written: {:?}",
             e.stats()
         );
-        if i > 0 && i % (log_objects_per_checkpoint_min() + 10) == 0 {
+        if i > 0 && i.is_multiple_of(log_objects_per_checkpoint_min() + 10) {
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }
         let block: Vec<u8> = (0..4096).map(|b| (i as usize * 5 + b) as u8).collect();
