@@ -155,6 +155,7 @@ impl Engine {
                 (object, state)
             })
             .await;
+        let object_bytes = object.len() as u64;
         self.inner
             .bucket
             .put(
@@ -163,10 +164,10 @@ impl Engine {
                 PutMode::Create,
             )
             .await?;
-        self.inner
-            .counters
-            .checkpoints_written
-            .fetch_add(1, Ordering::Relaxed);
+        let c = &self.inner.counters;
+        c.checkpoints_written.fetch_add(1, Ordering::Relaxed);
+        c.checkpoint_bytes_written
+            .fetch_add(object_bytes, Ordering::Relaxed);
         for old in self.inner.bucket.list("checkpoint/").await? {
             if logobj::parse_seq(&old.key, "checkpoint").is_some_and(|s| s < seq) {
                 self.inner
