@@ -13,6 +13,7 @@ mod frame;
 mod lease;
 pub mod limits;
 mod logobj;
+mod lsm;
 mod meta;
 mod object_buffer;
 mod tasks;

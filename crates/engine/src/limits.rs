@@ -43,6 +43,23 @@ pub const COPIED_OBJECT_BYTES_MAX: usize = crate::bucket::journal::JOURNAL_OBJEC
 /// one log object of a write-heavy flush evicts at once.
 pub const EXTENT_BUFFERS_KEPT: usize = 4096;
 
+/// Plaintext bytes of point entries gathered into one block of a sorted run before it is sealed:
+/// a cold lookup reads one block with one ranged GET, and at 32 KiB that GET stays small while
+/// the run's index (one line per block, kept in memory while the run is open) stays about a
+/// thousandth of the run.
+pub const RUN_BLOCK_BYTES_TARGET: usize = 32 * 1024;
+
+/// Largest value one run entry may hold (inode records and directory entries are far smaller).
+pub const RUN_VALUE_BYTES_MAX: usize = 1024 * 1024;
+
+/// Most plaintext one block decodes to: the target plus one entry of the largest key and value.
+/// A block claiming more is damaged, not an allocation.
+pub const RUN_BLOCK_PLAIN_BYTES_MAX: usize =
+    RUN_BLOCK_BYTES_TARGET + 2 + u16::MAX as usize + 1 + 4 + RUN_VALUE_BYTES_MAX;
+
+/// Most plaintext one run's index decodes to: ~7 MB for the run of a fully written 1 TiB device.
+pub const RUN_INDEX_PLAIN_BYTES_MAX: usize = 256 * 1024 * 1024;
+
 /// Log objects whose metadata records are read concurrently when opening a bucket.
 pub const REPLAY_CONCURRENCY: usize = 32;
 

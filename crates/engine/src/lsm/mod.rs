@@ -1,0 +1,88 @@
+//! Metadata as immutable sorted runs in the bucket (docs/0003-metadata-lsm.md, option B).
+//!
+//! A run holds point entries (a value, or a deletion) in key order and range deletions. Runs are
+//! ordered newest first. Within a run, point entries are newer than the run's own range
+//! deletions (a batch applies a range deletion to what it holds already, so what it still holds
+//! in that range was written after it); a run's range deletions hide only older runs.
+//!
+//! Not yet wired into the engine: the engine's metadata is still the in-memory map of docs/0001.
+
+// Not wired into the engine yet (docs/0003): only its tests use it until the checkpoint writes
+// runs. This allowance goes when it is wired in.
+#![cfg_attr(not(test), allow(dead_code))]
+
+pub mod merge;
+pub mod run;
+
+/// What a run says about one key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Entry {
+    Put(Vec<u8>),
+    Delete,
+}
+
+/// A range deletion: every key in `start..end` of older runs.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct RangeDelete {
+    pub start: Vec<u8>,
+    pub end: Vec<u8>,
+}
+
+impl RangeDelete {
+    pub fn covers(&self, key: &[u8]) -> bool {
+        self.start.as_slice() <= key && key < self.end.as_slice()
+    }
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum RunError {
+    #[error("{key}: not a run object (bad magic or length)")]
+    Malformed { key: String },
+    #[error("{key}: block {block} failed authentication (corrupted, or sealed with another key)")]
+    Authentication { key: String, block: u64 },
+    #[error("{key}: block {block} is malformed: {why}")]
+    Block {
+        key: String,
+        block: u64,
+        why: &'static str,
+    },
+    #[error(transparent)]
+    Store(#[from] crate::bucket::StoreError),
+}
+
+/// The changes of one interval gathered for a new run, in the order they were made: a range
+/// deletion removes what the interval itself wrote in its range, so what the run keeps in that
+/// range is newer than the deletion (the rule above).
+#[derive(Debug, Default, Clone)]
+pub struct MemRun {
+    pub points: std::collections::BTreeMap<Vec<u8>, Entry>,
+    pub ranges: Vec<RangeDelete>,
+}
+
+impl MemRun {
+    pub fn put(&mut self, key: Vec<u8>, value: Vec<u8>) {
+        self.points.insert(key, Entry::Put(value));
+    }
+
+    pub fn delete(&mut self, key: Vec<u8>) {
+        self.points.insert(key, Entry::Delete);
+    }
+
+    pub fn delete_range(&mut self, start: Vec<u8>, end: Vec<u8>) {
+        if start >= end {
+            return;
+        }
+        let doomed: Vec<Vec<u8>> = self
+            .points
+            .range(start.clone()..end.clone())
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in doomed {
+            self.points.remove(&k);
+        }
+        self.ranges.push(RangeDelete { start, end });
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,405 @@
+//! One sorted run: an immutable object of sealed blocks of point entries, a sealed index, and a
+//! plaintext tail that locates the index (docs/format.md, "Runs").
+//!
+//! ```text
+//! header  "BFSRUN01" | run id (u64)
+//! block*  sealed(codec byte | zstd(entries)), AAD "bfs-run-block" | run id | block number
+//!         entry: key length (u16) | key | kind (1 put, 2 delete) | [value length (u32) | value]
+//! index   sealed(codec byte | zstd(blocks, range deletions, entry count)), AAD "bfs-run-index" | run id
+//! tail    index offset (u64) | index length (u64) | "BFSRUNEN"
+//! ```
+//!
+//! Keys are sealed like values: the object reveals only its size and its blocks' sizes. A cold
+//! lookup reads the tail and the index once per run (kept while the run is open), then one
+//! block: one ranged GET.
+
+use super::{Entry, RangeDelete, RunError};
+use crate::bucket::SharedBucket;
+use crate::crypto::Sealer;
+use crate::limits::{
+    RUN_BLOCK_BYTES_TARGET, RUN_BLOCK_PLAIN_BYTES_MAX, RUN_INDEX_PLAIN_BYTES_MAX,
+    RUN_VALUE_BYTES_MAX,
+};
+use std::sync::Arc;
+
+const RUN_MAGIC: &[u8; 8] = b"BFSRUN01";
+const RUN_END_MAGIC: &[u8; 8] = b"BFSRUNEN";
+const HEADER_BYTES: usize = 16;
+pub const TAIL_BYTES: u64 = 24;
+const CODEC_ZSTD: u8 = 1;
+const KIND_PUT: u8 = 1;
+const KIND_DELETE: u8 = 2;
+/// Runs are written in the background: a tighter zstd level than the frames a client waits on.
+const RUN_ZSTD_LEVEL: i32 = 3;
+
+fn block_aad(run_id: u64, block: u64) -> Vec<u8> {
+    let mut aad = b"bfs-run-block".to_vec();
+    aad.extend_from_slice(&run_id.to_le_bytes());
+    aad.extend_from_slice(&block.to_le_bytes());
+    aad
+}
+
+fn index_aad(run_id: u64) -> Vec<u8> {
+    let mut aad = b"bfs-run-index".to_vec();
+    aad.extend_from_slice(&run_id.to_le_bytes());
+    aad
+}
+
+fn put_key(out: &mut Vec<u8>, key: &[u8]) {
+    let len =
+        u16::try_from(key.len()).expect("keys are shorter than 64 KiB (checked by the writer)");
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(key);
+}
+
+fn seal_compressed(sealer: &Sealer, aad: &[u8], plain: &[u8], out: &mut Vec<u8>) {
+    let mut body = vec![CODEC_ZSTD];
+    body.extend_from_slice(
+        &zstd::bulk::compress(plain, RUN_ZSTD_LEVEL).expect("zstd compresses any input"),
+    );
+    sealer.seal_into(out, aad, &body);
+}
+
+/// Where one block is, and the keys it spans.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockRef {
+    pub offset: u64,
+    pub length: u32,
+    pub first_key: Vec<u8>,
+    pub last_key: Vec<u8>,
+}
+
+/// Encodes a run: `entries` in strictly increasing key order, and the run's range deletions.
+pub fn encode(
+    sealer: &Sealer,
+    run_id: u64,
+    entries: impl IntoIterator<Item = (Vec<u8>, Entry)>,
+    ranges: &[RangeDelete],
+) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEADER_BYTES);
+    out.extend_from_slice(RUN_MAGIC);
+    out.extend_from_slice(&run_id.to_le_bytes());
+    let mut blocks: Vec<BlockRef> = Vec::new();
+    let mut plain: Vec<u8> = Vec::new();
+    let mut first_key: Option<Vec<u8>> = None;
+    let mut last_key: Option<Vec<u8>> = None;
+    let mut count = 0u64;
+    let mut flush =
+        |plain: &mut Vec<u8>, first: &mut Option<Vec<u8>>, last: &[u8], out: &mut Vec<u8>| {
+            let offset = out.len() as u64;
+            seal_compressed(sealer, &block_aad(run_id, blocks.len() as u64), plain, out);
+            blocks.push(BlockRef {
+                offset,
+                length: u32::try_from(out.len() as u64 - offset)
+                    .expect("a block is far below 4 GiB"),
+                first_key: first.take().expect("a block holds at least one entry"),
+                last_key: last.to_vec(),
+            });
+            plain.clear();
+        };
+    for (key, entry) in entries {
+        assert!(
+            key.len() <= u16::MAX as usize,
+            "keys are shorter than 64 KiB"
+        );
+        assert!(
+            last_key.as_ref().is_none_or(|last| *last < key),
+            "run entries are in strictly increasing key order"
+        );
+        if first_key.is_none() {
+            first_key = Some(key.clone());
+        }
+        put_key(&mut plain, &key);
+        match &entry {
+            Entry::Put(value) => {
+                plain.push(KIND_PUT);
+                assert!(
+                    value.len() <= RUN_VALUE_BYTES_MAX,
+                    "run values are at most 1 MiB"
+                );
+                let len = value.len() as u32;
+                plain.extend_from_slice(&len.to_le_bytes());
+                plain.extend_from_slice(value);
+            }
+            Entry::Delete => plain.push(KIND_DELETE),
+        }
+        count += 1;
+        if plain.len() >= RUN_BLOCK_BYTES_TARGET {
+            flush(&mut plain, &mut first_key, &key, &mut out);
+        }
+        last_key = Some(key);
+    }
+    if !plain.is_empty() {
+        let last = last_key.clone().expect("entries were seen");
+        flush(&mut plain, &mut first_key, &last, &mut out);
+    }
+    let mut index = Vec::new();
+    index.extend_from_slice(&(blocks.len() as u32).to_le_bytes());
+    for b in &blocks {
+        index.extend_from_slice(&b.offset.to_le_bytes());
+        index.extend_from_slice(&b.length.to_le_bytes());
+        put_key(&mut index, &b.first_key);
+        put_key(&mut index, &b.last_key);
+    }
+    index.extend_from_slice(&(ranges.len() as u32).to_le_bytes());
+    for r in ranges {
+        assert!(r.start < r.end, "a range deletion is not empty");
+        put_key(&mut index, &r.start);
+        put_key(&mut index, &r.end);
+    }
+    index.extend_from_slice(&count.to_le_bytes());
+    let index_offset = out.len() as u64;
+    seal_compressed(sealer, &index_aad(run_id), &index, &mut out);
+    let index_len = out.len() as u64 - index_offset;
+    out.extend_from_slice(&index_offset.to_le_bytes());
+    out.extend_from_slice(&index_len.to_le_bytes());
+    out.extend_from_slice(RUN_END_MAGIC);
+    out
+}
+
+/// Reads the plaintext of a sealed, compressed part, at most `max` bytes of it.
+fn open_compressed(
+    sealer: &Sealer,
+    aad: &[u8],
+    sealed: &[u8],
+    max: usize,
+    fail: impl Fn(&'static str) -> RunError,
+    unauthentic: RunError,
+) -> Result<Vec<u8>, RunError> {
+    let body = sealer.open(aad, sealed).map_err(|_| unauthentic)?;
+    match body.split_first() {
+        Some((&CODEC_ZSTD, compressed)) => {
+            zstd::bulk::decompress(compressed, max).map_err(|_| fail("does not decompress"))
+        }
+        _ => Err(fail("unknown codec")),
+    }
+}
+
+struct Reader<'a> {
+    buf: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        let end = self.at.checked_add(n).filter(|&e| e <= self.buf.len())?;
+        let s = &self.buf[self.at..end];
+        self.at = end;
+        Some(s)
+    }
+    fn u8(&mut self) -> Option<u8> {
+        Some(self.take(1)?[0])
+    }
+    fn u16(&mut self) -> Option<u16> {
+        Some(u16::from_le_bytes(self.take(2)?.try_into().ok()?))
+    }
+    fn u32(&mut self) -> Option<u32> {
+        Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
+    }
+    fn u64(&mut self) -> Option<u64> {
+        Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
+    }
+    fn key(&mut self) -> Option<Vec<u8>> {
+        let n = self.u16()? as usize;
+        Some(self.take(n)?.to_vec())
+    }
+    fn done(&self) -> bool {
+        self.at == self.buf.len()
+    }
+}
+
+/// Decodes a block's entries, checking their order.
+fn decode_block(plain: &[u8]) -> Result<Vec<(Vec<u8>, Entry)>, &'static str> {
+    let mut r = Reader { buf: plain, at: 0 };
+    let mut entries: Vec<(Vec<u8>, Entry)> = Vec::new();
+    while !r.done() {
+        let key = r.key().ok_or("truncated key")?;
+        let entry = match r.u8().ok_or("truncated kind")? {
+            KIND_PUT => {
+                let n = r.u32().ok_or("truncated value length")? as usize;
+                Entry::Put(r.take(n).ok_or("truncated value")?.to_vec())
+            }
+            KIND_DELETE => Entry::Delete,
+            _ => return Err("unknown entry kind"),
+        };
+        if entries.last().is_some_and(|(last, _)| *last >= key) {
+            return Err("keys out of order");
+        }
+        entries.push((key, entry));
+    }
+    if entries.is_empty() {
+        return Err("empty block");
+    }
+    Ok(entries)
+}
+
+/// An open run: its index in memory (a small fraction of the run), its blocks read on demand.
+pub struct RunReader {
+    key: String,
+    run_id: u64,
+    bucket: SharedBucket,
+    sealer: Arc<Sealer>,
+    blocks: Vec<BlockRef>,
+    ranges: Vec<RangeDelete>,
+    entry_count: u64,
+}
+
+impl RunReader {
+    /// Opens run `run_id` stored at `key` (`size` bytes): two ranged GETs, tail then index.
+    pub async fn open(
+        bucket: SharedBucket,
+        sealer: Arc<Sealer>,
+        key: &str,
+        run_id: u64,
+        size: u64,
+    ) -> Result<RunReader, RunError> {
+        let malformed = || RunError::Malformed {
+            key: key.to_string(),
+        };
+        if size < HEADER_BYTES as u64 + TAIL_BYTES {
+            return Err(malformed());
+        }
+        let tail = bucket.get_range(key, size - TAIL_BYTES..size).await?;
+        let mut r = Reader { buf: &tail, at: 0 };
+        let (offset, length) = (
+            r.u64().ok_or_else(malformed)?,
+            r.u64().ok_or_else(malformed)?,
+        );
+        if r.take(8) != Some(RUN_END_MAGIC.as_slice())
+            || offset < HEADER_BYTES as u64
+            || offset.checked_add(length) != Some(size - TAIL_BYTES)
+        {
+            return Err(malformed());
+        }
+        let sealed = bucket.get_range(key, offset..offset + length).await?;
+        let fail = |why| RunError::Block {
+            key: key.to_string(),
+            block: u64::MAX,
+            why,
+        };
+        let unauthentic = RunError::Authentication {
+            key: key.to_string(),
+            block: u64::MAX,
+        };
+        let plain = open_compressed(
+            &sealer,
+            &index_aad(run_id),
+            &sealed,
+            RUN_INDEX_PLAIN_BYTES_MAX,
+            fail,
+            unauthentic,
+        )?;
+        let mut r = Reader { buf: &plain, at: 0 };
+        let bad_index = || fail("malformed index");
+        let block_count = r.u32().ok_or_else(bad_index)?;
+        let mut blocks: Vec<BlockRef> = Vec::new();
+        for _ in 0..block_count {
+            let b = BlockRef {
+                offset: r.u64().ok_or_else(bad_index)?,
+                length: r.u32().ok_or_else(bad_index)?,
+                first_key: r.key().ok_or_else(bad_index)?,
+                last_key: r.key().ok_or_else(bad_index)?,
+            };
+            let in_order = blocks.last().is_none_or(|p| {
+                p.last_key < b.first_key && p.offset + u64::from(p.length) <= b.offset
+            });
+            if !in_order
+                || b.first_key > b.last_key
+                || b.offset < HEADER_BYTES as u64
+                || b.offset + u64::from(b.length) > offset
+            {
+                return Err(bad_index());
+            }
+            blocks.push(b);
+        }
+        let range_count = r.u32().ok_or_else(bad_index)?;
+        let mut ranges = Vec::new();
+        for _ in 0..range_count {
+            let range = RangeDelete {
+                start: r.key().ok_or_else(bad_index)?,
+                end: r.key().ok_or_else(bad_index)?,
+            };
+            if range.start >= range.end {
+                return Err(bad_index());
+            }
+            ranges.push(range);
+        }
+        let entry_count = r.u64().ok_or_else(bad_index)?;
+        if !r.done() {
+            return Err(bad_index());
+        }
+        Ok(RunReader {
+            key: key.to_string(),
+            run_id,
+            bucket,
+            sealer,
+            blocks,
+            ranges,
+            entry_count,
+        })
+    }
+
+    pub fn range_deletes(&self) -> &[RangeDelete] {
+        &self.ranges
+    }
+
+    pub fn entry_count(&self) -> u64 {
+        self.entry_count
+    }
+
+    pub fn block_count(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// The first block that may hold keys at or after `key`.
+    pub fn block_from(&self, key: &[u8]) -> usize {
+        self.blocks.partition_point(|b| b.last_key.as_slice() < key)
+    }
+
+    pub fn block_first_key(&self, block: usize) -> &[u8] {
+        &self.blocks[block].first_key
+    }
+
+    /// Reads and checks block number `block` (one ranged GET).
+    pub async fn block(&self, block: usize) -> Result<Vec<(Vec<u8>, Entry)>, RunError> {
+        let b = &self.blocks[block];
+        let range = b.offset..b.offset + u64::from(b.length);
+        let sealed = self.bucket.get_range(&self.key, range).await?;
+        let number = block as u64;
+        let fail = |why| RunError::Block {
+            key: self.key.clone(),
+            block: number,
+            why,
+        };
+        let plain = open_compressed(
+            &self.sealer,
+            &block_aad(self.run_id, number),
+            &sealed,
+            RUN_BLOCK_PLAIN_BYTES_MAX,
+            fail,
+            RunError::Authentication {
+                key: self.key.clone(),
+                block: number,
+            },
+        )?;
+        let entries = decode_block(&plain).map_err(fail)?;
+        let (first, last) = (&entries[0].0, &entries[entries.len() - 1].0);
+        if *first != b.first_key || *last != b.last_key {
+            return Err(fail("keys differ from the index"));
+        }
+        Ok(entries)
+    }
+
+    /// This run's point entry for `key`, if it has one (range deletions aside).
+    pub async fn get(&self, key: &[u8]) -> Result<Option<Entry>, RunError> {
+        let block = self.block_from(key);
+        if block == self.blocks.len() || self.blocks[block].first_key.as_slice() > key {
+            return Ok(None);
+        }
+        let entries = self.block(block).await?;
+        Ok(entries
+            .binary_search_by(|(k, _)| k.as_slice().cmp(key))
+            .ok()
+            .map(|i| entries[i].1.clone()))
+    }
+}
