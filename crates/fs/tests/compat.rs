@@ -11,9 +11,12 @@ use std::path::{Path, PathBuf};
 
 const PASSWORD: &str = "compat-fixture";
 
-/// The devices of every fixture: name, size, and the writes (offset, length, seed) that made
-/// them, in order; everything else reads as zeroes.
-const DEVICES: &[(&str, u64, &[(u64, u64, u8)])] = &[
+/// A write that made a fixture: offset, length, pattern seed.
+type Write = (u64, u64, u8);
+
+/// The devices of every fixture: name, size, and the writes that made them, in order;
+/// everything else reads as zeroes.
+const DEVICES: &[(&str, u64, &[Write])] = &[
     (
         "disk1",
         1 << 20,
@@ -34,7 +37,7 @@ fn pattern(seed: u8, len: u64) -> Vec<u8> {
         .collect()
 }
 
-fn expected(size: u64, writes: &[(u64, u64, u8)]) -> Vec<u8> {
+fn expected(size: u64, writes: &[Write]) -> Vec<u8> {
     let mut device = vec![0; size as usize];
     for &(offset, len, seed) in writes {
         device[offset as usize..(offset + len) as usize].copy_from_slice(&pattern(seed, len));
@@ -137,7 +140,9 @@ async fn buckets_of_every_released_format_open_and_read_back() {
         fs.sync().await.expect("sync");
         writer.close().await.expect("close");
         drop(fs);
-        let reader = Engine::open(bucket(&dir), options(true)).await.expect("reopen");
+        let reader = Engine::open(bucket(&dir), options(true))
+            .await
+            .expect("reopen");
         check_devices(&Fs::open(reader).await.expect("fs"), &fixture).await;
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -150,20 +155,26 @@ async fn buckets_of_every_released_format_open_and_read_back() {
 async fn write_the_fixture_of_this_format() {
     let out = PathBuf::from(std::env::var("BUCKETFS_COMPAT_OUT").expect("BUCKETFS_COMPAT_OUT"));
     assert!(!out.exists(), "{} exists already", out.display());
-    let engine = Engine::open(bucket(&out), options(false)).await.expect("open");
+    let engine = Engine::open(bucket(&out), options(false))
+        .await
+        .expect("open");
     let fs = Fs::open(engine.clone()).await.expect("fs");
     fs.create_block_device("disk3", 8192).await.expect("disk3");
     for (name, size, writes) in DEVICES {
         let d = if *name == "disk2" {
             // Grown after creation, as `bucketfs nbd resize` does.
-            fs.create_block_device(name, size / 2).await.expect("create");
+            fs.create_block_device(name, size / 2)
+                .await
+                .expect("create");
             fs.resize_block_device(name, *size).await.expect("resize");
             fs.block_device(name).expect("exists")
         } else {
             fs.create_block_device(name, *size).await.expect("create")
         };
         for &(offset, len, seed) in *writes {
-            fs.write(d.ino, offset, &pattern(seed, len)).await.expect("write");
+            fs.write(d.ino, offset, &pattern(seed, len))
+                .await
+                .expect("write");
             fs.sync().await.expect("sync");
         }
     }
