@@ -14,7 +14,11 @@ use serde::{Deserialize, Serialize};
 pub const NONCE_BYTES: usize = 24;
 pub const TAG_BYTES: usize = 16;
 /// Version of the bucket format this build writes and reads (docs/format.md).
-pub const FORMAT_VERSION: u32 = 1;
+/// The bucket format this build writes (docs/format.md): 2 keeps metadata in sorted runs named
+/// by manifests; 1 kept it in whole-map checkpoints, and is migrated by the first checkpoint.
+pub const FORMAT_VERSION: u32 = 2;
+/// The oldest bucket format this build opens.
+pub const FORMAT_VERSION_OLDEST: u32 = 1;
 const WRAP_AAD: &[u8] = b"bucketfs data key v1";
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -23,7 +27,7 @@ pub enum KeyError {
     WrongPassword,
     #[error("superblock: {0}")]
     Damaged(String),
-    #[error("bucket format version {found} is not supported by this build (it reads version {FORMAT_VERSION})")]
+    #[error("bucket format version {found} is not supported by this build (it reads versions {FORMAT_VERSION_OLDEST} to {FORMAT_VERSION}); use a newer bucketfs")]
     UnsupportedVersion { found: u32 },
 }
 
@@ -115,7 +119,7 @@ impl Superblock {
     }
 
     pub fn unlock(&self, password: &str) -> Result<DataKey, KeyError> {
-        if self.format_version != FORMAT_VERSION {
+        if !(FORMAT_VERSION_OLDEST..=FORMAT_VERSION).contains(&self.format_version) {
             return Err(KeyError::UnsupportedVersion {
                 found: self.format_version,
             });
@@ -156,7 +160,20 @@ impl Superblock {
     /// The same data key wrapped under a new password (fresh salt and nonce).
     pub fn rewrap(&self, old_password: &str, new_password: &str) -> Result<Superblock, KeyError> {
         let key = self.unlock(old_password)?;
-        Self::wrap(new_password, &key, KdfCost::default())
+        let mut sb = Self::wrap(new_password, &key, KdfCost::default())?;
+        // A new password does not migrate the bucket.
+        sb.format_version = self.format_version;
+        Ok(sb)
+    }
+
+    pub fn format_version(&self) -> u32 {
+        self.format_version
+    }
+
+    /// The same superblock for a bucket migrated to `version`.
+    pub fn migrated(mut self, version: u32) -> Superblock {
+        self.format_version = version;
+        self
     }
 
     pub fn to_json(&self) -> Vec<u8> {

@@ -19,7 +19,7 @@ mod object_buffer;
 mod tasks;
 mod tuning;
 
-pub use crypto::{KdfCost, KeyError};
+pub use crypto::{KdfCost, KeyError, FORMAT_VERSION};
 pub use engine::{
     change_password, Engine, EngineError, EngineOptions, EngineStats, Fill, KvChange,
     SUPERBLOCK_KEY,

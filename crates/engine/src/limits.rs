@@ -60,6 +60,10 @@ pub const RUN_BLOCK_PLAIN_BYTES_MAX: usize =
 /// Most plaintext one run's index decodes to: ~7 MB for the run of a fully written 1 TiB device.
 pub const RUN_INDEX_PLAIN_BYTES_MAX: usize = 256 * 1024 * 1024;
 
+/// Most runs one manifest names; the next checkpoint then writes the whole map as one run. Each
+/// run costs a tail and an index read when the bucket is opened.
+pub const RUNS_PER_MANIFEST_MAX: usize = 64;
+
 /// Log objects whose metadata records are read concurrently when opening a bucket.
 pub const REPLAY_CONCURRENCY: usize = 32;
 

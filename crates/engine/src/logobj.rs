@@ -1,18 +1,18 @@
-//! The two kinds of objects that carry data and metadata (docs/format.md):
+//! The objects that carry data and metadata (docs/format.md):
 //!
 //! - a **log object** `log/<seq>`: the frames of one flush followed by the sealed record of the
 //!   metadata ops of that flush. One PUT makes a flush durable, data and metadata together.
-//! - a **checkpoint** `checkpoint/<seq>`: the whole metadata state as of log object `seq`, so
-//!   opening a bucket replays only the log objects after it.
+//! - a **checkpoint** `checkpoint/<seq>` (format 1, read to migrate a bucket, no longer written):
+//!   the whole metadata state as of log object `seq`;
+//! - a **manifest** `manifest/<seq>` (format 2): the runs (`run/<id>`, lsm/run.rs) that hold the
+//!   metadata as of log object `seq`, so opening a bucket replays only the log objects after it.
 
 use crate::crypto::Sealer;
-use crate::meta::{decode_ops, encode_ops, MetaOp, MetaState};
+use crate::meta::{decode_ops, encode_ops, MetaOp};
 
 const LOG_MAGIC: &[u8; 8] = b"BFSLOG01";
 const LOG_END_MAGIC: &[u8; 8] = b"BFSEND01";
 const CHECKPOINT_MAGIC: &[u8; 8] = b"BFSCKP01";
-/// Checkpoints are written in the background, rarely: a slower, tighter zstd level than frames.
-const CHECKPOINT_ZSTD_LEVEL: i32 = 3;
 pub const LOG_HEADER_BYTES: usize = 16;
 /// meta offset (8) || meta length (8) || end magic (8)
 pub const LOG_TRAILER_BYTES: u64 = 24;
@@ -116,57 +116,6 @@ fn checkpoint_aad(seq: u64, plain_len: u64) -> Vec<u8> {
     a
 }
 
-/// Encodes, compresses and seals a checkpoint of `state` as of log object `seq`. The scratch
-/// buffers are reused from one checkpoint to the next (a checkpoint of a large map is megabytes,
-/// which fresh memory would have the kernel fault in and zero every time).
-pub fn encode_checkpoint(
-    sealer: &Sealer,
-    seq: u64,
-    state: &MetaState,
-    scratch: &mut CheckpointScratch,
-) -> Vec<u8> {
-    let CheckpointScratch {
-        plain,
-        compressed,
-        compressor,
-    } = scratch;
-    plain.clear();
-    state.encode_as_ops(plain);
-    compressed.clear();
-    compressed.reserve(zstd::zstd_safe::compress_bound(plain.len()));
-    compressor
-        .compress_to_buffer(plain.as_slice(), compressed)
-        .expect("the buffer holds zstd's bound for this input");
-    let mut buf = Vec::with_capacity(24 + Sealer::sealed_len(compressed.len()));
-    buf.extend_from_slice(CHECKPOINT_MAGIC);
-    buf.extend_from_slice(&seq.to_le_bytes());
-    buf.extend_from_slice(&(plain.len() as u64).to_le_bytes());
-    sealer.seal_into(
-        &mut buf,
-        &checkpoint_aad(seq, plain.len() as u64),
-        compressed,
-    );
-    buf
-}
-
-/// Buffers and compression context `encode_checkpoint` reuses.
-pub struct CheckpointScratch {
-    plain: Vec<u8>,
-    compressed: Vec<u8>,
-    compressor: zstd::bulk::Compressor<'static>,
-}
-
-impl Default for CheckpointScratch {
-    fn default() -> Self {
-        Self {
-            plain: Vec::new(),
-            compressed: Vec::new(),
-            compressor: zstd::bulk::Compressor::new(CHECKPOINT_ZSTD_LEVEL)
-                .expect("zstd accepts this level"),
-        }
-    }
-}
-
 pub fn decode_checkpoint(
     sealer: &Sealer,
     key: &str,
@@ -195,4 +144,76 @@ pub fn decode_checkpoint(
         key: key.to_string(),
         why: e.to_string(),
     })
+}
+
+const MANIFEST_MAGIC: &[u8; 8] = b"BFSMAN01";
+
+/// `manifest/<seq>`: the runs that hold the metadata as of log object `seq` (format 2).
+pub fn manifest_key(seq: u64) -> String {
+    format!("manifest/{seq:020}")
+}
+
+/// `run/<id>`: one sorted run of metadata (lsm/run.rs); its id is the log object its checkpoint
+/// covered.
+pub fn run_key(id: u64) -> String {
+    format!("run/{id:020}")
+}
+
+/// One run a manifest names: its id and its size in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunInfo {
+    pub id: u64,
+    pub size_bytes: u64,
+}
+
+/// A manifest as of log object `seq`: its runs, oldest first.
+pub fn encode_manifest(sealer: &Sealer, seq: u64, runs: &[RunInfo]) -> Vec<u8> {
+    let mut plain = Vec::with_capacity(4 + runs.len() * 16);
+    plain.extend_from_slice(&(runs.len() as u32).to_le_bytes());
+    for r in runs {
+        plain.extend_from_slice(&r.id.to_le_bytes());
+        plain.extend_from_slice(&r.size_bytes.to_le_bytes());
+    }
+    let mut buf = Vec::with_capacity(16 + Sealer::sealed_len(plain.len()));
+    buf.extend_from_slice(MANIFEST_MAGIC);
+    buf.extend_from_slice(&seq.to_le_bytes());
+    sealer.seal_into(&mut buf, &meta_aad(b"bfs-manifest", seq), &plain);
+    buf
+}
+
+pub fn decode_manifest(
+    sealer: &Sealer,
+    key: &str,
+    seq: u64,
+    buf: &[u8],
+) -> Result<Vec<RunInfo>, ObjectError> {
+    let bad = || ObjectError::Malformed {
+        key: key.to_string(),
+    };
+    if buf.len() < 16 || &buf[..8] != MANIFEST_MAGIC || buf[8..16] != seq.to_le_bytes() {
+        return Err(bad());
+    }
+    let plain = sealer
+        .open(&meta_aad(b"bfs-manifest", seq), &buf[16..])
+        .map_err(|_| ObjectError::Authentication {
+            key: key.to_string(),
+        })?;
+    if plain.len() < 4 {
+        return Err(bad());
+    }
+    let count = u32::from_le_bytes(plain[..4].try_into().expect("4 bytes")) as usize;
+    if plain.len() != 4 + count * 16 {
+        return Err(bad());
+    }
+    let runs: Vec<RunInfo> = plain[4..]
+        .chunks_exact(16)
+        .map(|c| RunInfo {
+            id: u64::from_le_bytes(c[..8].try_into().expect("8 bytes")),
+            size_bytes: u64::from_le_bytes(c[8..].try_into().expect("8 bytes")),
+        })
+        .collect();
+    if runs.windows(2).any(|w| w[0].id >= w[1].id) || runs.iter().any(|r| r.id > seq) {
+        return Err(bad());
+    }
+    Ok(runs)
 }

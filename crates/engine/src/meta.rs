@@ -4,7 +4,80 @@
 //! costs). It changes only by applying [`MetaOp`]s, the same ops that log objects carry, so the
 //! state after replaying the log is the state that was committed.
 
+use crate::lsm::{Entry, MemRun};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+
+/// How the metadata is keyed in runs (docs/format.md, "Runs"): extents first, so that loading a
+/// run stack in key order sets them before the lz4 marks that need their objects live.
+pub mod run_key {
+    use super::{DecodeError, ExtentPtr, MetaOp};
+
+    const EXTENT: u8 = b'E';
+    const KV: u8 = b'K';
+    const LZ4_OBJECT: u8 = b'Z';
+
+    pub fn extent(ino: u64, index: u64) -> Vec<u8> {
+        let mut k = Vec::with_capacity(17);
+        k.push(EXTENT);
+        k.extend_from_slice(&ino.to_be_bytes());
+        k.extend_from_slice(&index.to_be_bytes());
+        k
+    }
+
+    pub fn kv(key: &[u8]) -> Vec<u8> {
+        let mut k = Vec::with_capacity(1 + key.len());
+        k.push(KV);
+        k.extend_from_slice(key);
+        k
+    }
+
+    pub fn lz4_object(seq: u64) -> Vec<u8> {
+        let mut k = vec![LZ4_OBJECT];
+        k.extend_from_slice(&seq.to_be_bytes());
+        k
+    }
+
+    pub fn ptr_value(ptr: ExtentPtr) -> Vec<u8> {
+        let mut v = Vec::with_capacity(16);
+        v.extend_from_slice(&ptr.seq.to_le_bytes());
+        v.extend_from_slice(&ptr.offset.to_le_bytes());
+        v.extend_from_slice(&ptr.length.to_le_bytes());
+        v
+    }
+
+    fn bad(why: &'static str) -> DecodeError {
+        DecodeError { at: 0, why }
+    }
+
+    fn u64_at(b: &[u8]) -> u64 {
+        u64::from_be_bytes(b.try_into().expect("8 bytes, checked by the caller"))
+    }
+
+    /// The op that sets the state of `key` to `value`.
+    pub fn op(key: &[u8], value: &[u8]) -> Result<MetaOp, DecodeError> {
+        match key.split_first() {
+            Some((&EXTENT, rest)) if rest.len() == 16 && value.len() == 16 => {
+                Ok(MetaOp::ExtentSet {
+                    ino: u64_at(&rest[..8]),
+                    index: u64_at(&rest[8..]),
+                    ptr: ExtentPtr {
+                        seq: u64::from_le_bytes(value[..8].try_into().expect("8 bytes")),
+                        offset: u32::from_le_bytes(value[8..12].try_into().expect("4 bytes")),
+                        length: u32::from_le_bytes(value[12..].try_into().expect("4 bytes")),
+                    },
+                })
+            }
+            Some((&KV, rest)) => Ok(MetaOp::KvPut {
+                key: rest.to_vec(),
+                value: value.to_vec(),
+            }),
+            Some((&LZ4_OBJECT, rest)) if rest.len() == 8 && value.is_empty() => {
+                Ok(MetaOp::HoldsLz4 { seq: u64_at(rest) })
+            }
+            _ => Err(bad("a run entry of no known kind")),
+        }
+    }
+}
 
 /// Where one extent's frame is stored: in log object `seq`, at `offset`, `length` bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,9 +134,11 @@ pub fn encode_ops(ops: &[MetaOp], out: &mut Vec<u8>) {
 }
 
 /// Encoded bytes of an `ExtentSet` op: tag, ino, index, seq, offset, length.
+#[cfg(test)]
 const EXTENT_SET_BYTES: usize = 1 + 8 + 8 + 8 + 4 + 4;
 
 /// Encoded bytes of a `HoldsLz4` op: tag, seq.
+#[cfg(test)]
 const HOLDS_LZ4_BYTES: usize = 1 + 8;
 
 fn encode_op(op: &MetaOp, out: &mut Vec<u8>) {
@@ -199,18 +274,32 @@ pub struct MetaState {
     /// Live log objects that hold lz4 frames (`MetaOp::HoldsLz4`); an object leaves the set
     /// when its last live extent does.
     lz4_objects: BTreeSet<u64>,
+    /// Keys changed since the last checkpoint took them (`take_changes`): what the next
+    /// checkpoint's run holds.
+    touched: Touched,
+}
+
+/// The keys a stretch of ops changed, by kind.
+#[derive(Debug, Default, Clone)]
+struct Touched {
+    kv: BTreeSet<Vec<u8>>,
+    extents: BTreeSet<(u64, u64)>,
+    lz4_objects: BTreeSet<u64>,
 }
 
 impl MetaState {
     pub fn apply(&mut self, op: &MetaOp) {
         match op {
             MetaOp::KvPut { key, value } => {
+                self.touched.kv.insert(key.clone());
                 self.kv.insert(key.clone(), value.clone());
             }
             MetaOp::KvDelete { key } => {
+                self.touched.kv.insert(key.clone());
                 self.kv.remove(key);
             }
             MetaOp::ExtentSet { ino, index, ptr } => {
+                self.touched.extents.insert((*ino, *index));
                 let old = self.extents.entry(*ino).or_default().insert(*index, *ptr);
                 *self.live_bytes.entry(ptr.seq).or_default() += u64::from(ptr.length);
                 if let Some(old) = old {
@@ -218,6 +307,7 @@ impl MetaState {
                 }
             }
             MetaOp::ExtentClear { ino, index } => {
+                self.touched.extents.insert((*ino, *index));
                 if let Some(map) = self.extents.get_mut(ino) {
                     if let Some(old) = map.remove(index) {
                         if map.is_empty() {
@@ -230,8 +320,8 @@ impl MetaState {
             MetaOp::HoldsLz4 { seq } => {
                 // Only a live object is worth re-sealing (its frames may all have been
                 // overwritten within the very batch that wrote them).
-                if self.live_bytes.contains_key(seq) {
-                    self.lz4_objects.insert(*seq);
+                if self.live_bytes.contains_key(seq) && self.lz4_objects.insert(*seq) {
+                    self.touched.lz4_objects.insert(*seq);
                 }
             }
         }
@@ -247,8 +337,74 @@ impl MetaState {
             .expect("live bytes never go below zero");
         if *live == 0 {
             self.live_bytes.remove(&old.seq);
-            self.lz4_objects.remove(&old.seq);
+            if self.lz4_objects.remove(&old.seq) {
+                self.touched.lz4_objects.insert(old.seq);
+            }
         }
+    }
+
+    /// The entries of a run holding what changed since the last call (or since the state was
+    /// built): each changed key's value now, or its deletion.
+    pub fn take_changes(&mut self) -> MemRun {
+        let touched = std::mem::take(&mut self.touched);
+        let mut run = MemRun::default();
+        for key in touched.kv {
+            match self.kv.get(&key) {
+                Some(value) => run.put(run_key::kv(&key), value.clone()),
+                None => run.delete(run_key::kv(&key)),
+            }
+        }
+        for (ino, index) in touched.extents {
+            match self.extent(ino, index) {
+                Some(ptr) => run.put(run_key::extent(ino, index), run_key::ptr_value(ptr)),
+                None => run.delete(run_key::extent(ino, index)),
+            }
+        }
+        for seq in touched.lz4_objects {
+            if self.lz4_objects.contains(&seq) {
+                run.put(run_key::lz4_object(seq), Vec::new());
+            } else {
+                run.delete(run_key::lz4_object(seq));
+            }
+        }
+        run
+    }
+
+    /// Forgets the changes `take_changes` would return: the whole state is being written.
+    pub fn forget_changes(&mut self) {
+        self.touched = Touched::default();
+    }
+
+    /// Every entry of the state, in key order: a run that replaces all others.
+    pub fn entries(&self) -> Vec<(Vec<u8>, Entry)> {
+        let mut out: Vec<(Vec<u8>, Entry)> =
+            Vec::with_capacity(self.kv.len() + self.extent_count());
+        let mut inos: Vec<_> = self.extents.keys().copied().collect();
+        inos.sort_unstable();
+        for ino in inos {
+            for (index, ptr) in &self.extents[&ino] {
+                out.push((
+                    run_key::extent(ino, *index),
+                    Entry::Put(run_key::ptr_value(*ptr)),
+                ));
+            }
+        }
+        for (key, value) in &self.kv {
+            out.push((run_key::kv(key), Entry::Put(value.clone())));
+        }
+        for seq in &self.lz4_objects {
+            out.push((run_key::lz4_object(*seq), Entry::Put(Vec::new())));
+        }
+        out
+    }
+
+    /// Applies one live entry of a run stack, in key order (extents come before the lz4 marks
+    /// that need their objects live). The rebuilt state has no changes to take.
+    pub fn load_entry(&mut self, key: &[u8], value: &[u8]) -> Result<(), DecodeError> {
+        let op = run_key::op(key, value)?;
+        self.apply(&op);
+        self.touched = Touched::default();
+        Ok(())
     }
 
     pub fn kv_get(&self, key: &[u8]) -> Option<&Vec<u8>> {
@@ -358,6 +514,7 @@ impl MetaState {
     /// Appends the whole state, encoded as the ops that rebuild it from empty (as `encode_ops`
     /// writes them): the body of a checkpoint. Encodes straight from the map, without a list
     /// of ops in between; `out` is reused from checkpoint to checkpoint.
+    #[cfg(test)]
     pub fn encode_as_ops(&self, out: &mut Vec<u8>) {
         let extents = self.extent_count();
         let kv_bytes: usize = self

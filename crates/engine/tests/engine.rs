@@ -526,7 +526,9 @@ async fn checkpoints_bound_replay_and_dead_log_objects_are_deleted() {
     let stats = e.stats();
     assert_eq!(stats.checkpoints_written, 1);
     assert!(stats.log_objects_deleted > n / 2, "{stats:?}");
-    assert_eq!(w.bucket.list("checkpoint/").await.unwrap().len(), 1);
+    assert_eq!(w.bucket.list("manifest/").await.unwrap().len(), 1);
+    assert_eq!(w.bucket.list("run/").await.unwrap().len(), 1);
+    assert!(w.bucket.list("checkpoint/").await.unwrap().is_empty());
     let expect = e.read(1, 0, 3 * 4096).await.unwrap();
     crash(&w, e).await;
     let e = open(&w).await;
@@ -1064,4 +1066,59 @@ async fn objects_stored_after_a_gap_are_dropped_at_open_and_a_long_run_is_refuse
         .err()
         .unwrap();
     assert!(matches!(err, EngineError::Corrupt(_)), "{err}");
+}
+
+/// Checkpoints upload runs of what changed, not the whole map; once the change runs would
+/// outgrow the whole-map run, one checkpoint writes the whole map again (docs/0003).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkpoint_uploads_follow_the_change_not_the_map() {
+    let w = world();
+    let mut opts = EngineOptions::for_tests("pw");
+    opts.tuning.log_objects_per_checkpoint_min = 4;
+    opts.tuning.log_objects_per_checkpoint_max = 4;
+    let (bucket, opts) = w.writer(opts);
+    let e = Engine::open(bucket, opts).await.unwrap();
+    let checkpoints = |n: u64| {
+        let e = e.clone();
+        async move {
+            for _ in 0..200 {
+                if e.stats().checkpoints_written >= n {
+                    return;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+            }
+            panic!("{n} checkpoints not written: {:?}", e.stats());
+        }
+    };
+    // 4,000 extents in four flushes: the first checkpoint writes them all.
+    let extent = EXTENT_SIZE_BYTES as u64;
+    for i in 0..4u64 {
+        let d = noise(i, 1000 * EXTENT_SIZE_BYTES);
+        e.write(1, i * 1000 * extent, d.len() as u64, Fill::Data(&d))
+            .await
+            .unwrap();
+        e.flush().await.unwrap();
+    }
+    checkpoints(1).await;
+    let whole = e.stats().checkpoint_bytes_written;
+    // Four flushes of one extent each: the next checkpoint's run holds four extents.
+    for i in 0..4u64 {
+        let d = noise(100 + i, EXTENT_SIZE_BYTES);
+        e.write(1, i * 7 * extent, extent, Fill::Data(&d))
+            .await
+            .unwrap();
+        e.flush().await.unwrap();
+    }
+    checkpoints(2).await;
+    let delta = e.stats().checkpoint_bytes_written - whole;
+    assert!(
+        delta * 50 < whole,
+        "a checkpoint of 4 changed extents uploaded {delta} bytes; the whole map took {whole}"
+    );
+    assert_eq!(w.bucket.list("run/").await.unwrap().len(), 2);
+    let expect = e.read(1, 0, 4000 * EXTENT_SIZE_BYTES).await.unwrap();
+    crash(&w, e).await;
+    let e = open(&w).await;
+    assert!(e.read(1, 0, 4000 * EXTENT_SIZE_BYTES).await.unwrap() == expect);
+    e.close().await.unwrap();
 }

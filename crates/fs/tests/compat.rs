@@ -5,7 +5,7 @@
 //! every older one passing, by reading it or by migrating it on open.
 
 use bucketfs_engine::bucket::{open_url, SharedBucket};
-use bucketfs_engine::{Engine, EngineOptions, KdfCost};
+use bucketfs_engine::{Engine, EngineOptions, KdfCost, FORMAT_VERSION};
 use bucketfs_fs::Fs;
 use std::path::{Path, PathBuf};
 
@@ -135,10 +135,28 @@ async fn buckets_of_every_released_format_open_and_read_back() {
             .unwrap_or_else(|e| panic!("{}: {e}", fixture.display()));
         let fs = Fs::open(writer.clone()).await.expect("fs");
         check_devices(&fs, &fixture).await;
+        // Enough barriers for a checkpoint, which migrates the bucket to this build's format.
         let d = fs.block_device("disk2").expect("disk2");
-        fs.write(d.ino, 0, &pattern(6, 4096)).await.expect("write");
-        fs.sync().await.expect("sync");
+        for _ in 0..4 {
+            fs.write(d.ino, 0, &pattern(6, 4096)).await.expect("write");
+            fs.sync().await.expect("sync");
+        }
+        for _ in 0..200 {
+            if writer.stats().checkpoints_written > 0 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        assert!(
+            writer.stats().checkpoints_written > 0,
+            "a checkpoint was written"
+        );
         writer.close().await.expect("close");
+        let superblock = std::fs::read_to_string(dir.join("superblock.json")).expect("superblock");
+        assert!(
+            superblock.contains(&format!("\"format_version\": {FORMAT_VERSION}")),
+            "{superblock}"
+        );
         drop(fs);
         let reader = Engine::open(bucket(&dir), options(true))
             .await

@@ -13,6 +13,19 @@ pub(super) struct Covered {
     pub(super) log_bytes: u64,
 }
 
+/// The runs the newest manifest names, and how the next checkpoint writes its run.
+#[derive(Debug, Clone)]
+pub(super) struct RunSet {
+    /// Oldest (the one whole-map run) first.
+    pub(super) runs: Vec<RunInfo>,
+    /// The next checkpoint writes the whole map as one run: the bucket has no manifest yet (a
+    /// new or a format-1 bucket), or a checkpoint failed after taking its changes, so they are
+    /// in no run.
+    pub(super) full_next: bool,
+    /// The superblock still says format 1: it is rewritten once a manifest is stored.
+    pub(super) superblock_format_1: bool,
+}
+
 impl Engine {
     /// Starts the interval of the checkpoint as of log object `seq` (the caller holds the
     /// committed map as of `seq` and has set `checkpoint_running`); returns what it covers.
@@ -113,11 +126,14 @@ impl Engine {
         let (seq, state, covered) = {
             let mut ctl = self.inner.upload.lock().await;
             let snapshot = {
-                let st = self.inner.state.lock();
+                let mut st = self.inner.state.lock();
                 (due(&ctl, &st) && !self.inner.checkpoint_running.swap(true, Ordering::AcqRel))
-                    .then(|| st.committed.clone())
+                    .then(|| {
+                        let changes = st.committed.take_changes();
+                        (st.committed.clone(), changes)
+                    })
             };
-            let Some(state) = snapshot else {
+            let Some((state, changes)) = snapshot else {
                 return Ok(());
             };
             let seq = *ctl
@@ -125,57 +141,30 @@ impl Engine {
                 .last_key_value()
                 .expect("a due checkpoint follows a committed log object")
                 .0;
-            (seq, state, self.begin_checkpoint(&mut ctl, seq))
+            (seq, (state, changes), self.begin_checkpoint(&mut ctl, seq))
         };
         let _running = ClearOnDrop(&self.inner.checkpoint_running);
         tracing::debug!(seq, "quiet: writing a checkpoint");
-        self.checkpoint_and_collect(seq, state, covered, repack)
+        self.checkpoint_and_collect(seq, state.0, state.1, covered, repack)
             .await
     }
 
-    /// Writes a checkpoint as of log object `seq`, then deletes what it made unnecessary: older
-    /// checkpoints and log objects up to `seq` that hold no live extent; then repacks those
-    /// that hold few live extents, and re-seals long-lived lz4 frames, so that the next
-    /// checkpoint can delete the objects they leave.
+    /// Writes a checkpoint as of log object `seq`: a run of the `changes` since the last one
+    /// (or of the whole `state`, see `RunSet`) and a manifest naming it with the runs before it.
+    /// Then deletes what that made unnecessary: older manifests, runs no manifest names, and log
+    /// objects up to `seq` that hold no live extent; then repacks those that hold few live
+    /// extents, and re-seals long-lived lz4 frames, so that the next checkpoint can delete the
+    /// objects they leave.
     pub(super) async fn checkpoint_and_collect(
         &self,
         seq: u64,
         state: MetaState,
+        changes: MemRun,
         covered: Covered,
         repack: Repack,
     ) -> Result<(), EngineError> {
-        let engine = self.clone();
-        let (object, state) = self
-            .inner
-            .tasks
-            .spawn_blocking(move || {
-                let mut scratch = engine.inner.checkpoint_scratch.lock();
-                let object =
-                    logobj::encode_checkpoint(&engine.inner.sealer, seq, &state, &mut scratch);
-                (object, state)
-            })
-            .await;
-        let object_bytes = object.len() as u64;
-        self.inner
-            .bucket
-            .put(
-                &logobj::checkpoint_key(seq),
-                Bytes::from(object),
-                PutMode::Create,
-            )
-            .await?;
-        let c = &self.inner.counters;
-        c.checkpoints_written.fetch_add(1, Ordering::Relaxed);
-        c.checkpoint_bytes_written
-            .fetch_add(object_bytes, Ordering::Relaxed);
-        for old in self.inner.bucket.list("checkpoint/").await? {
-            if logobj::parse_seq(&old.key, "checkpoint").is_some_and(|s| s < seq) {
-                self.inner
-                    .bucket
-                    .delete(&old.key, DeleteMode::Garbage)
-                    .await?;
-            }
-        }
+        let (manifest_runs, state) = self.write_runs(seq, state, changes).await?;
+        self.collect_runs(seq, &manifest_runs).await?;
         // Live bytes of a log object only ever fall (new pointers point at new objects), so an
         // object found dead here stays dead.
         type Logs = Vec<(u64, u64)>;
@@ -224,6 +213,152 @@ impl Engine {
             .await
         {
             tracing::warn!(seq, error = %e, "moving extents out of log objects failed; they stay until a later checkpoint tries again");
+        }
+        Ok(())
+    }
+}
+
+impl Engine {
+    /// Stores the run of checkpoint `seq` and its manifest; returns the runs the manifest names
+    /// and `state` (given back from the blocking thread that encoded it).
+    async fn write_runs(
+        &self,
+        seq: u64,
+        state: MetaState,
+        changes: MemRun,
+    ) -> Result<(Vec<RunInfo>, MetaState), EngineError> {
+        let before = {
+            let mut runs = self.inner.runs.lock();
+            let before = runs.clone();
+            // Until the manifest is stored, these changes are in no run.
+            runs.full_next = true;
+            before
+        };
+        let engine = self.clone();
+        let (run, state) = self
+            .inner
+            .tasks
+            .spawn_blocking(move || {
+                let sealer = &engine.inner.sealer;
+                let deltas: u64 = before.runs.iter().skip(1).map(|r| r.size_bytes).sum();
+                let base = before.runs.first().map_or(0, |r| r.size_bytes);
+                let delta = (!before.full_next && !before.runs.is_empty())
+                    .then(|| crate::lsm::run::encode(sealer, seq, changes.points, &changes.ranges));
+                // The deltas together stay smaller than the whole map, so the runs hold at most
+                // about twice the map and uploads stay proportional to the change.
+                let run = match delta {
+                    Some(d)
+                        if deltas + d.len() as u64 <= base
+                            && before.runs.len() < RUNS_PER_MANIFEST_MAX =>
+                    {
+                        (d, false)
+                    }
+                    _ => (
+                        crate::lsm::run::encode(sealer, seq, state.entries(), &[]),
+                        true,
+                    ),
+                };
+                (run, state)
+            })
+            .await;
+        let ((object, whole), run_bytes) = {
+            let n = run.0.len() as u64;
+            (run, n)
+        };
+        let run_key = logobj::run_key(seq);
+        let object = Bytes::from(object);
+        match self
+            .inner
+            .bucket
+            .put(&run_key, object.clone(), PutMode::Create)
+            .await
+        {
+            // A run stored by a process that crashed before its manifest: no manifest names it
+            // (this one's newest is older than `seq`), so it is garbage and may be replaced.
+            Err(StoreError::AlreadyExists(_)) => {
+                tracing::warn!(run = %run_key, "replacing a run no manifest names (left by a crash)");
+                self.inner
+                    .bucket
+                    .put(&run_key, object, PutMode::Overwrite)
+                    .await?
+            }
+            other => other?,
+        }
+        let info = RunInfo {
+            id: seq,
+            size_bytes: run_bytes,
+        };
+        let mut runs = if whole {
+            Vec::new()
+        } else {
+            self.inner.runs.lock().runs.clone()
+        };
+        runs.push(info);
+        let manifest = logobj::encode_manifest(&self.inner.sealer, seq, &runs);
+        let manifest_bytes = manifest.len() as u64;
+        self.inner
+            .bucket
+            .put(
+                &logobj::manifest_key(seq),
+                Bytes::from(manifest),
+                PutMode::Create,
+            )
+            .await?;
+        let migrate = {
+            let mut set = self.inner.runs.lock();
+            set.runs = runs.clone();
+            set.full_next = false;
+            std::mem::take(&mut set.superblock_format_1)
+        };
+        if migrate {
+            let bytes = self.inner.bucket.get(SUPERBLOCK_KEY).await?;
+            let sb = Superblock::from_json(&bytes)?.migrated(crate::crypto::FORMAT_VERSION);
+            self.inner
+                .bucket
+                .put(
+                    SUPERBLOCK_KEY,
+                    Bytes::from(sb.to_json()),
+                    PutMode::Overwrite,
+                )
+                .await?;
+            tracing::info!(seq, "bucket migrated to format 2: metadata in sorted runs");
+        }
+        let c = &self.inner.counters;
+        c.checkpoints_written.fetch_add(1, Ordering::Relaxed);
+        c.checkpoint_bytes_written
+            .fetch_add(run_bytes + manifest_bytes, Ordering::Relaxed);
+        tracing::debug!(
+            seq,
+            run_bytes,
+            whole,
+            runs = runs.len(),
+            "checkpoint run stored"
+        );
+        Ok((runs, state))
+    }
+
+    /// Deletes what manifest `seq` made unnecessary: older manifests, runs it does not name, and
+    /// the whole-map checkpoints of format 1.
+    async fn collect_runs(&self, seq: u64, runs: &[RunInfo]) -> Result<(), EngineError> {
+        let bucket = &self.inner.bucket;
+        let mut garbage = Vec::new();
+        for old in bucket.list("manifest/").await? {
+            if logobj::parse_seq(&old.key, "manifest").is_some_and(|s| s < seq) {
+                garbage.push(old.key);
+            }
+        }
+        for old in bucket.list("run/").await? {
+            if logobj::parse_seq(&old.key, "run")
+                .is_some_and(|id| id < seq && !runs.iter().any(|r| r.id == id))
+            {
+                garbage.push(old.key);
+            }
+        }
+        for old in bucket.list("checkpoint/").await? {
+            garbage.push(old.key);
+        }
+        for key in garbage {
+            bucket.delete(&key, DeleteMode::Garbage).await?;
         }
         Ok(())
     }

@@ -20,6 +20,15 @@ pub enum EngineError {
     Poisoned(String),
 }
 
+impl From<crate::lsm::RunError> for EngineError {
+    fn from(e: crate::lsm::RunError) -> Self {
+        match e {
+            crate::lsm::RunError::Store(e) => EngineError::Store(e),
+            other => EngineError::Corrupt(other.to_string()),
+        }
+    }
+}
+
 impl From<ObjectError> for EngineError {
     fn from(e: ObjectError) -> Self {
         EngineError::Corrupt(e.to_string())

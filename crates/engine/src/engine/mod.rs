@@ -30,7 +30,7 @@ pub use recovery::change_password;
 pub use stats::EngineStats;
 
 use barrier::{SealCtl, Sealed, UploadCtl, Waiting};
-use checkpoint::Covered;
+use checkpoint::{Covered, RunSet};
 use collector::Repack;
 use overlay::{Batch, Dirty, Found, State};
 use stats::Counters;
@@ -43,7 +43,9 @@ use crate::extent_buffers::ExtentBuffers;
 use crate::frame::{self, Codec, FRAME_BYTES_MAX};
 use crate::lease::{self, Lease, LeaseError};
 use crate::limits::*;
-use crate::logobj::{self, ObjectError, LOG_HEADER_BYTES};
+use crate::logobj::{self, ObjectError, RunInfo, LOG_HEADER_BYTES};
+use crate::lsm::run::RunReader;
+use crate::lsm::{Entry, MemRun};
 use crate::meta::{ExtentPtr, MetaOp, MetaState};
 use crate::object_buffer::{ObjectBuffer, ObjectBuffers};
 use crate::tasks::TaskSet;
@@ -80,6 +82,8 @@ struct Inner {
     /// The writer lock (none when read-only); shared only with `Engine::open` while it loads.
     lock_holder: Option<Arc<Lease>>,
     checkpoint_running: AtomicBool,
+    /// The runs of the newest manifest; changed only by the checkpoint running.
+    runs: Mutex<RunSet>,
     /// When the last log object was committed (`Inner::epoch` + this many microseconds).
     last_commit_us: AtomicU64,
     /// The last checkpoint's collection repacked extents: the objects they left are dead,
@@ -87,8 +91,6 @@ struct Inner {
     repacked_uncollected: AtomicBool,
     /// When the engine was opened: the origin of `last_commit_us`.
     epoch: tokio::time::Instant,
-    /// Buffers of the checkpoint being encoded (one at a time: see `checkpoint_running`).
-    checkpoint_scratch: Mutex<logobj::CheckpointScratch>,
     object_buffers: Arc<ObjectBuffers>,
     extent_buffers: ExtentBuffers,
     background_flush: AtomicBool,

@@ -3,17 +3,18 @@
 
 use super::*;
 
-/// Opens the superblock and returns the unlocked sealer; creates the superblock (at that
-/// key-derivation cost) if there is none and `create` says so.
+/// Opens the superblock and returns the unlocked sealer and the bucket's format version;
+/// creates the superblock (at that key-derivation cost) if there is none and `create` says so.
 pub(super) async fn unlock(
     bucket: &SharedBucket,
     password: &str,
     create: Option<KdfCost>,
-) -> Result<Sealer, EngineError> {
+) -> Result<(Sealer, u32), EngineError> {
     match bucket.get(SUPERBLOCK_KEY).await {
-        Ok(bytes) => Ok(Sealer::new(
-            &Superblock::from_json(&bytes)?.unlock(password)?,
-        )),
+        Ok(bytes) => {
+            let sb = Superblock::from_json(&bytes)?;
+            Ok((Sealer::new(&sb.unlock(password)?), sb.format_version()))
+        }
         Err(StoreError::NotFound(_)) if create.is_some() => {
             let kdf_cost = create.expect("checked by the guard");
             let (sb, key) = Superblock::create(password, kdf_cost)?;
@@ -23,7 +24,7 @@ pub(super) async fn unlock(
             {
                 Ok(()) => {
                     tracing::info!("created a new bucketfs bucket");
-                    Ok(Sealer::new(&key))
+                    Ok((Sealer::new(&key), sb.format_version()))
                 }
                 // Another process created it first: use theirs.
                 Err(StoreError::AlreadyExists(_)) => {
@@ -66,7 +67,7 @@ impl Engine {
     pub async fn open(bucket: SharedBucket, opts: EngineOptions) -> Result<Engine, EngineError> {
         // Check the password before anything is written: a wrong password changes nothing.
         let create = (!opts.read_only).then_some(opts.kdf_cost);
-        let sealer = unlock(&bucket, &opts.password, create).await?;
+        let (sealer, format_version) = unlock(&bucket, &opts.password, create).await?;
         let lock_holder = if opts.read_only {
             None
         } else {
@@ -79,8 +80,14 @@ impl Engine {
             }
             let mut attempt = 1;
             loop {
-                let loaded =
-                    Self::load(bucket.clone(), sealer.clone(), &opts, lock_holder.clone()).await;
+                let loaded = Self::load(
+                    bucket.clone(),
+                    sealer.clone(),
+                    &opts,
+                    lock_holder.clone(),
+                    format_version,
+                )
+                .await;
                 match loaded {
                     // A reader beside a running writer lists the bucket while the writer
                     // changes it (a checkpoint replaced, log objects collected), so what it
@@ -111,22 +118,25 @@ impl Engine {
         sealer: Arc<Sealer>,
         opts: &EngineOptions,
         lock_holder: Option<Arc<Lease>>,
+        format_version: u32,
     ) -> Result<Engine, EngineError> {
         let mut committed = MetaState::default();
-        let checkpoints: Vec<u64> = bucket
-            .list("checkpoint/")
+        let manifest_seq = bucket
+            .list("manifest/")
             .await?
             .iter()
-            .filter_map(|o| logobj::parse_seq(&o.key, "checkpoint"))
-            .collect();
-        let checkpoint_seq = checkpoints.iter().copied().max().unwrap_or(0);
-        if checkpoint_seq > 0 {
-            let key = logobj::checkpoint_key(checkpoint_seq);
-            let bytes = bucket.get(&key).await?;
-            for op in logobj::decode_checkpoint(&sealer, &key, checkpoint_seq, &bytes)? {
-                committed.apply(&op);
-            }
-        }
+            .filter_map(|o| logobj::parse_seq(&o.key, "manifest"))
+            .max();
+        let (checkpoint_seq, runs) = match manifest_seq {
+            Some(seq) => (seq, load_runs(&bucket, &sealer, seq, &mut committed).await?),
+            // Format 1: one whole-map checkpoint (or none yet). The first checkpoint of this
+            // process writes the whole map as a run, migrating the bucket to format 2.
+            None => (
+                load_format_1_checkpoint(&bucket, &sealer, &mut committed).await?,
+                Vec::new(),
+            ),
+        };
+        committed.forget_changes();
         let logs: Vec<(u64, u64)> = bucket
             .list("log/")
             .await?
@@ -259,10 +269,14 @@ impl Engine {
                 disk_cache,
                 lock_holder,
                 checkpoint_running: AtomicBool::new(false),
+                runs: Mutex::new(RunSet {
+                    full_next: runs.is_empty(),
+                    runs,
+                    superblock_format_1: format_version == 1,
+                }),
                 last_commit_us: AtomicU64::new(0),
                 repacked_uncollected: AtomicBool::new(false),
                 epoch: tokio::time::Instant::now(),
-                checkpoint_scratch: Mutex::default(),
                 object_buffers: Arc::default(),
                 extent_buffers: ExtentBuffers::default(),
                 background_flush: AtomicBool::new(false),
@@ -284,4 +298,70 @@ impl Engine {
         }
         Ok(engine)
     }
+}
+
+/// Loads the runs manifest `seq` names into `state`; returns them, oldest first.
+async fn load_runs(
+    bucket: &SharedBucket,
+    sealer: &Arc<Sealer>,
+    seq: u64,
+    state: &mut MetaState,
+) -> Result<Vec<RunInfo>, EngineError> {
+    let key = logobj::manifest_key(seq);
+    let bytes = bucket.get(&key).await?;
+    let runs = logobj::decode_manifest(sealer, &key, seq, &bytes)?;
+    let mut readers = Vec::with_capacity(runs.len());
+    for run in runs.iter().rev() {
+        let run_key = logobj::run_key(run.id);
+        readers.push(
+            RunReader::open(
+                bucket.clone(),
+                sealer.clone(),
+                &run_key,
+                run.id,
+                run.size_bytes,
+            )
+            .await?,
+        );
+    }
+    let stored: u64 = readers.iter().map(RunReader::entry_count).sum();
+    let (entries, _) = crate::lsm::merge::compact(&readers, true).await?;
+    tracing::info!(
+        manifest = %key,
+        runs = runs.len(),
+        entries_stored = stored,
+        entries_live = entries.len(),
+        "loading metadata runs"
+    );
+    for (k, entry) in entries {
+        if let Entry::Put(value) = entry {
+            state
+                .load_entry(&k, &value)
+                .map_err(|e| EngineError::Corrupt(format!("{key}: {e}")))?;
+        }
+    }
+    Ok(runs)
+}
+
+/// Loads the newest format-1 checkpoint into `state`; returns the log object it covers (0: none).
+async fn load_format_1_checkpoint(
+    bucket: &SharedBucket,
+    sealer: &Sealer,
+    state: &mut MetaState,
+) -> Result<u64, EngineError> {
+    let checkpoint_seq = bucket
+        .list("checkpoint/")
+        .await?
+        .iter()
+        .filter_map(|o| logobj::parse_seq(&o.key, "checkpoint"))
+        .max()
+        .unwrap_or(0);
+    if checkpoint_seq > 0 {
+        let key = logobj::checkpoint_key(checkpoint_seq);
+        let bytes = bucket.get(&key).await?;
+        for op in logobj::decode_checkpoint(sealer, &key, checkpoint_seq, &bytes)? {
+            state.apply(&op);
+        }
+    }
+    Ok(checkpoint_seq)
 }
