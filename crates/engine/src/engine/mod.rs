@@ -45,7 +45,7 @@ use crate::lease::{self, Lease, LeaseError};
 use crate::limits::*;
 use crate::logobj::{self, ObjectError, RunInfo, LOG_HEADER_BYTES};
 use crate::lsm::run::RunReader;
-use crate::lsm::{Entry, MemRun};
+use crate::lsm::MemRun;
 use crate::meta::{ExtentPtr, MetaOp, MetaState};
 use crate::object_buffer::{ObjectBuffer, ObjectBuffers};
 use crate::tasks::TaskSet;

@@ -325,21 +325,23 @@ async fn load_runs(
         );
     }
     let stored: u64 = readers.iter().map(RunReader::entry_count).sum();
-    let (entries, _) = crate::lsm::merge::compact(&readers, true).await?;
-    tracing::info!(
-        manifest = %key,
-        runs = runs.len(),
-        entries_stored = stored,
-        entries_live = entries.len(),
-        "loading metadata runs"
-    );
-    for (k, entry) in entries {
-        if let Entry::Put(value) = entry {
-            state
-                .load_entry(&k, &value)
-                .map_err(|e| EngineError::Corrupt(format!("{key}: {e}")))?;
+    let mut damaged = None;
+    let mut live = 0u64;
+    crate::lsm::merge::for_each_live(&readers, |k, value| {
+        live += 1;
+        match state.load_entry(k, value) {
+            Ok(()) => true,
+            Err(e) => {
+                damaged = Some(EngineError::Corrupt(format!("{key}: {e}")));
+                false
+            }
         }
+    })
+    .await?;
+    if let Some(e) = damaged {
+        return Err(e);
     }
+    tracing::info!(manifest = %key, runs = runs.len(), entries_stored = stored, entries_live = live, "loaded metadata runs");
     Ok(runs)
 }
 
