@@ -13,10 +13,11 @@ use serde::{Deserialize, Serialize};
 
 pub const NONCE_BYTES: usize = 24;
 pub const TAG_BYTES: usize = 16;
-/// Version of the bucket format this build writes and reads (docs/format.md).
-/// The bucket format this build writes (docs/format.md): 2 keeps metadata in sorted runs named
-/// by manifests; 1 kept it in whole-map checkpoints, and is migrated by the first checkpoint.
-pub const FORMAT_VERSION: u32 = 2;
+/// The bucket format this build writes (docs/format.md): 3 adds range deletions to the log
+/// (a format-2 bucket is migrated at open, before anything is written, so that an older build
+/// refuses it rather than misreading it); 2 keeps metadata in sorted runs named by manifests;
+/// 1 kept it in whole-map checkpoints, and is migrated by the first checkpoint.
+pub const FORMAT_VERSION: u32 = 3;
 /// The oldest bucket format this build opens.
 pub const FORMAT_VERSION_OLDEST: u32 = 1;
 const WRAP_AAD: &[u8] = b"bucketfs data key v1";

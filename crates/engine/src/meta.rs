@@ -105,6 +105,18 @@ pub enum MetaOp {
         ino: u64,
         index: u64,
     },
+    /// Deallocates every extent of `ino` with an index in `from..to`: truncation, unlink and
+    /// TRIM of any size in one op.
+    ExtentClearRange {
+        ino: u64,
+        from: u64,
+        to: u64,
+    },
+    /// Deletes every key-value pair with a key in `start..end`.
+    KvDeleteRange {
+        start: Vec<u8>,
+        end: Vec<u8>,
+    },
     /// Log object `seq` holds frames sealed with lz4. Comes after the object's `ExtentSet`s;
     /// the collector re-seals such frames with zstd once they have outlived a checkpoint
     /// interval (docs/0001, "Re-sealing lz4 frames").
@@ -125,6 +137,8 @@ const TAG_KV_DELETE: u8 = 2;
 const TAG_EXTENT_SET: u8 = 3;
 const TAG_EXTENT_CLEAR: u8 = 4;
 const TAG_HOLDS_LZ4: u8 = 5;
+const TAG_EXTENT_CLEAR_RANGE: u8 = 6;
+const TAG_KV_DELETE_RANGE: u8 = 7;
 
 pub fn encode_ops(ops: &[MetaOp], out: &mut Vec<u8>) {
     out.extend_from_slice(&(ops.len() as u64).to_le_bytes());
@@ -164,6 +178,17 @@ fn encode_op(op: &MetaOp, out: &mut Vec<u8>) {
         MetaOp::HoldsLz4 { seq } => {
             out.push(TAG_HOLDS_LZ4);
             out.extend_from_slice(&seq.to_le_bytes());
+        }
+        MetaOp::ExtentClearRange { ino, from, to } => {
+            out.push(TAG_EXTENT_CLEAR_RANGE);
+            out.extend_from_slice(&ino.to_le_bytes());
+            out.extend_from_slice(&from.to_le_bytes());
+            out.extend_from_slice(&to.to_le_bytes());
+        }
+        MetaOp::KvDeleteRange { start, end } => {
+            out.push(TAG_KV_DELETE_RANGE);
+            put_bytes(out, start);
+            put_bytes(out, end);
         }
     }
 }
@@ -247,6 +272,15 @@ pub fn decode_ops(buf: &[u8]) -> Result<Vec<MetaOp>, DecodeError> {
                 index: r.u64()?,
             },
             TAG_HOLDS_LZ4 => MetaOp::HoldsLz4 { seq: r.u64()? },
+            TAG_EXTENT_CLEAR_RANGE => MetaOp::ExtentClearRange {
+                ino: r.u64()?,
+                from: r.u64()?,
+                to: r.u64()?,
+            },
+            TAG_KV_DELETE_RANGE => MetaOp::KvDeleteRange {
+                start: r.bytes()?,
+                end: r.bytes()?,
+            },
             _ => {
                 return Err(DecodeError {
                     at,
@@ -279,12 +313,16 @@ pub struct MetaState {
     touched: Touched,
 }
 
-/// The keys a stretch of ops changed, by kind.
+/// The keys and ranges a stretch of ops changed, by kind.
 #[derive(Debug, Default, Clone)]
 struct Touched {
     kv: BTreeSet<Vec<u8>>,
     extents: BTreeSet<(u64, u64)>,
     lz4_objects: BTreeSet<u64>,
+    /// Range deletions, as (start, end) and (ino, from, to): a run records them as ranges,
+    /// whatever they covered.
+    kv_ranges: Vec<(Vec<u8>, Vec<u8>)>,
+    extent_ranges: Vec<(u64, u64, u64)>,
 }
 
 impl MetaState {
@@ -315,6 +353,37 @@ impl MetaState {
                         }
                         self.debit(old);
                     }
+                }
+            }
+            MetaOp::ExtentClearRange { ino, from, to } => {
+                if from >= to {
+                    return;
+                }
+                self.touched.extent_ranges.push((*ino, *from, *to));
+                let Some(map) = self.extents.get_mut(ino) else {
+                    return;
+                };
+                let doomed: Vec<u64> = map.range(*from..*to).map(|(i, _)| *i).collect();
+                let old: Vec<ExtentPtr> = doomed.iter().filter_map(|i| map.remove(i)).collect();
+                if map.is_empty() {
+                    self.extents.remove(ino);
+                }
+                for ptr in old {
+                    self.debit(ptr);
+                }
+            }
+            MetaOp::KvDeleteRange { start, end } => {
+                if start >= end {
+                    return;
+                }
+                self.touched.kv_ranges.push((start.clone(), end.clone()));
+                let doomed: Vec<Vec<u8>> = self
+                    .kv
+                    .range(start.clone()..end.clone())
+                    .map(|(k, _)| k.clone())
+                    .collect();
+                for k in doomed {
+                    self.kv.remove(&k);
                 }
             }
             MetaOp::HoldsLz4 { seq } => {
@@ -348,6 +417,14 @@ impl MetaState {
     pub fn take_changes(&mut self) -> MemRun {
         let touched = std::mem::take(&mut self.touched);
         let mut run = MemRun::default();
+        // Ranges first: a run's points are newer than its ranges, and every touched point is
+        // written below with its value now.
+        for (start, end) in touched.kv_ranges {
+            run.delete_range(run_key::kv(&start), run_key::kv(&end));
+        }
+        for (ino, from, to) in touched.extent_ranges {
+            run.delete_range(run_key::extent(ino, from), run_key::extent(ino, to));
+        }
         for key in touched.kv {
             match self.kv.get(&key) {
                 Some(value) => run.put(run_key::kv(&key), value.clone()),
@@ -411,13 +488,11 @@ impl MetaState {
         self.kv.get(key)
     }
 
-    pub fn kv_range<'a>(
-        &'a self,
-        prefix: &'a [u8],
-    ) -> impl Iterator<Item = (&'a Vec<u8>, &'a Vec<u8>)> + 'a {
-        self.kv
-            .range(prefix.to_vec()..)
-            .take_while(move |(k, _)| k.starts_with(prefix))
+    pub fn kv_bounds(
+        &self,
+        bounds: (std::ops::Bound<Vec<u8>>, std::ops::Bound<Vec<u8>>),
+    ) -> impl Iterator<Item = (&Vec<u8>, &Vec<u8>)> + '_ {
+        self.kv.range(bounds)
     }
 
     pub fn extent(&self, ino: u64, index: u64) -> Option<ExtentPtr> {
@@ -573,6 +648,15 @@ mod tests {
             },
             MetaOp::ExtentClear { ino: 5, index: 10 },
             MetaOp::HoldsLz4 { seq: 3 },
+            MetaOp::ExtentClearRange {
+                ino: 5,
+                from: 2,
+                to: u64::MAX,
+            },
+            MetaOp::KvDeleteRange {
+                start: b"a".to_vec(),
+                end: b"b".to_vec(),
+            },
         ];
         let mut buf = Vec::new();
         encode_ops(&ops, &mut buf);
@@ -583,6 +667,78 @@ mod tests {
         let mut huge = buf.clone();
         huge[..8].copy_from_slice(&u64::MAX.to_le_bytes());
         assert!(decode_ops(&huge).is_err());
+    }
+
+    #[test]
+    fn range_deletions_debit_what_they_cover_and_reach_the_next_run_as_ranges() {
+        let mut m = MetaState::default();
+        for index in 0..100 {
+            m.apply(&MetaOp::ExtentSet {
+                ino: 4,
+                index,
+                ptr: ExtentPtr {
+                    seq: 1 + index / 50,
+                    offset: 0,
+                    length: 10,
+                },
+            });
+        }
+        for key in [b"da".to_vec(), b"db".to_vec(), b"dc".to_vec()] {
+            m.apply(&MetaOp::KvPut {
+                key,
+                value: b"v".to_vec(),
+            });
+        }
+        m.take_changes();
+        m.apply(&MetaOp::ExtentClearRange {
+            ino: 4,
+            from: 30,
+            to: u64::MAX,
+        });
+        m.apply(&MetaOp::ExtentSet {
+            ino: 4,
+            index: 60,
+            ptr: ExtentPtr {
+                seq: 3,
+                offset: 0,
+                length: 10,
+            },
+        });
+        m.apply(&MetaOp::KvDeleteRange {
+            start: b"db".to_vec(),
+            end: b"dz".to_vec(),
+        });
+        assert_eq!(
+            (m.live_bytes(1), m.live_bytes(2), m.live_bytes(3)),
+            (300, 0, 10)
+        );
+        assert_eq!(m.extent_count(), 31);
+        assert_eq!(m.kv_get(b"da"), Some(&b"v".to_vec()));
+        assert_eq!(m.kv_get(b"dc"), None);
+        let run = m.take_changes();
+        assert_eq!(
+            run.ranges,
+            vec![
+                crate::lsm::RangeDelete {
+                    start: run_key::kv(b"db"),
+                    end: run_key::kv(b"dz"),
+                },
+                crate::lsm::RangeDelete {
+                    start: run_key::extent(4, 30),
+                    end: run_key::extent(4, u64::MAX),
+                },
+            ]
+        );
+        // The extent set after the range is a point of the run, newer than the range.
+        assert_eq!(
+            run.points.get(&run_key::extent(4, 60)),
+            Some(&Entry::Put(run_key::ptr_value(ExtentPtr {
+                seq: 3,
+                offset: 0,
+                length: 10
+            })))
+        );
+        assert_eq!(run.points.len(), 1);
     }
 
     #[test]

@@ -14,7 +14,10 @@ use bucketfs_engine::bucket::{
     open_url, CrashableBucket, FreezePlan, RetryingBucket, SharedBucket,
 };
 use bucketfs_engine::limits::EXTENT_SIZE_BYTES;
-use bucketfs_engine::{Codec, Engine, EngineOptions, Fill, KdfCost, KvChange, TaskSet, Tuning};
+use bucketfs_engine::{
+    Codec, Engine, EngineError, EngineOptions, Expect, Fill, KdfCost, KvChange, TaskSet, Tuning,
+    Txn,
+};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -123,6 +126,8 @@ struct Tally {
     crashes_while_opening: u64,
     barriers_acknowledged: u64,
     mutations: u64,
+    /// Transactions refused because their condition failed (they must change nothing).
+    conflicts: u64,
     checkpoints: u64,
     log_objects_deleted: u64,
     extents_moved: u64,
@@ -254,17 +259,67 @@ async fn live(
                     }
                 }
             }
-            55..=59 => {
+            55..=57 => {
                 let from_index = rng.below(FILE_BYTES / EXTENT_SIZE_BYTES as u64 + 1);
                 file[(from_index * EXTENT_SIZE_BYTES as u64) as usize..].fill(0);
                 e.drop_extents_from(ino, from_index)
                     .map_err(|e| format!("truncation failed: {e}"))?;
             }
-            60..=71 => {
+            // A truncation as the filesystem makes it: the size record, the zeroed tail of the
+            // last extent and the range deletion beyond it in one transaction, on the condition
+            // that the size record is what this process last wrote (or, one time in five, on a
+            // condition that fails, which must change nothing).
+            58..=62 => {
+                let size = rng.below(FILE_BYTES + 1);
+                let key = format!("size{ino}").into_bytes();
+                let fails = rng.chance(20);
+                let expect = match (next.kv.get(&key), fails) {
+                    (Some(v), false) => Expect::Value(v.clone()),
+                    (None, false) => Expect::Absent,
+                    (Some(_), true) => Expect::Absent,
+                    (None, true) => Expect::Present,
+                };
+                let extent = EXTENT_SIZE_BYTES as u64;
+                let tail_end = (size.div_ceil(extent) * extent).min(FILE_BYTES);
+                let mut txn = Txn::new();
+                txn.expect(key.clone(), expect)
+                    .zero(ino, size, tail_end - size, rng.chance(50))
+                    .drop_extents(ino, size.div_ceil(extent), u64::MAX)
+                    .put(key.clone(), size.to_le_bytes().to_vec());
+                let c = e.commit(&txn);
+                let result = tokio::select! {
+                    r = c => r,
+                    () = view.frozen() => {
+                        if !fails {
+                            file[size as usize..].fill(0);
+                            next.kv.insert(key, size.to_le_bytes().to_vec());
+                        }
+                        history.push(next);
+                        break;
+                    }
+                };
+                match (result, fails) {
+                    (Ok(()), false) => {
+                        file[size as usize..].fill(0);
+                        next.kv.insert(key, size.to_le_bytes().to_vec());
+                    }
+                    (Err(EngineError::Conflict { .. }), true) => {
+                        tally.conflicts += 1;
+                        continue;
+                    }
+                    (r, _) => return Err(format!("transaction (condition fails: {fails}): {r:?}")),
+                }
+            }
+            63..=71 => {
                 let mut changes = Vec::new();
                 for _ in 0..1 + rng.below(3) {
                     let key = format!("key{}", rng.below(KV_KEYS)).into_bytes();
-                    if rng.chance(25) {
+                    if rng.chance(10) {
+                        // A range deletion, from this key to another, by byte order.
+                        let end = format!("key{}", rng.below(KV_KEYS)).into_bytes();
+                        next.kv.retain(|k, _| !(key <= *k && *k < end));
+                        changes.push(KvChange::DeleteRange(key, end));
+                    } else if rng.chance(25) {
                         next.kv.remove(&key);
                         changes.push(KvChange::Delete(key));
                     } else {
@@ -384,7 +439,10 @@ fn every_crash_leaves_a_prefix_that_holds_every_acknowledged_barrier() {
     assert!(tally.barriers_acknowledged > 0 && tally.crashes_while_opening > 0);
     if count >= 20 {
         assert!(
-            tally.checkpoints > 0 && tally.log_objects_deleted > 0 && tally.extents_moved > 0,
+            tally.checkpoints > 0
+                && tally.log_objects_deleted > 0
+                && tally.extents_moved > 0
+                && tally.conflicts > 0,
             "{tally:?}"
         );
     }

@@ -1,73 +1,16 @@
 //! Engine tests over `memory://`: round trips, crash-reopen at chosen points, faults, corruption.
 
-use bucketfs_engine::bucket::{
-    open_url, CountingBucket, CrashableBucket, Fault, FaultyBucket, PutMode, RetryingBucket,
-    SharedBucket,
-};
+use bucketfs_engine::bucket::{CountingBucket, Fault, PutMode};
 use bucketfs_engine::limits::EXTENT_SIZE_BYTES;
-use bucketfs_engine::{
-    Engine, EngineError, EngineOptions, Fill, KeyError, KvChange, TaskSet, Tuning,
-};
+use bucketfs_engine::{Engine, EngineError, EngineOptions, Fill, KeyError, KvChange, Tuning};
 use proptest::prelude::*;
 
 mod common;
-use common::{flush_past_a_checkpoint, flush_until_checkpoints};
+use common::{
+    crash, flush_past_a_checkpoint, flush_until_checkpoints, log_keys, open, pattern,
+    wait_until_deleted, world, World,
+};
 use std::sync::Arc;
-
-/// One bucket, and the writer process of the moment: its view of the bucket (frozen when it
-/// crashes) and its tasks (stopped when it crashes).
-struct World {
-    faults: Arc<FaultyBucket>,
-    /// The bucket as the test sees it (not the writer's view): for inspecting and tampering.
-    bucket: SharedBucket,
-    writer: parking_lot::Mutex<Option<(TaskSet, Arc<CrashableBucket>)>>,
-}
-
-fn world() -> World {
-    let store: SharedBucket = open_url("memory://", &Vec::new()).unwrap();
-    let faults = Arc::new(FaultyBucket::new(store));
-    let bucket: SharedBucket = Arc::new(RetryingBucket::new(faults.clone()));
-    World {
-        faults,
-        bucket,
-        writer: parking_lot::Mutex::new(None),
-    }
-}
-
-impl World {
-    /// The bucket and options of a new writer process (its own view of the store, its own tasks).
-    fn writer(&self, mut opts: EngineOptions) -> (SharedBucket, EngineOptions) {
-        let view = Arc::new(CrashableBucket::new(self.faults.clone(), None));
-        opts.tasks = TaskSet::default();
-        *self.writer.lock() = Some((opts.tasks.clone(), view.clone()));
-        (Arc::new(RetryingBucket::new(view)), opts)
-    }
-}
-
-async fn open(w: &World) -> Engine {
-    let (bucket, opts) = w.writer(EngineOptions::for_tests("pw"));
-    Engine::open(bucket, opts).await.unwrap()
-}
-
-/// Kills the writer as `kill -9` would: nothing more reaches the bucket, none of its tasks runs
-/// on, and its writer lock is left behind (stale, as the process is gone).
-async fn crash(w: &World, e: Engine) {
-    let (tasks, view) = w.writer.lock().take().expect("a writer is open");
-    view.freeze();
-    drop(e);
-    tasks.stop_all().await;
-}
-
-async fn log_keys(w: &World) -> Vec<String> {
-    let objects = w.bucket.list("log/").await.unwrap();
-    objects.into_iter().map(|o| o.key).collect()
-}
-
-fn pattern(seed: u8, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|i| seed.wrapping_add((i % 251) as u8))
-        .collect()
-}
 
 /// Barriers every 20 ms, each after a one-page write of inode 2: the cadence at which a
 /// client's barrier seals with lz4.
@@ -79,20 +22,6 @@ async fn steady_barriers(e: &Engine) {
         e.flush().await.unwrap();
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
-}
-
-/// Waits up to 10 s for the collector to delete the log objects `keys`; returns those still
-/// stored.
-async fn wait_until_deleted(w: &World, mut keys: Vec<String>) -> Vec<String> {
-    for _ in 0..200 {
-        let now = log_keys(w).await;
-        keys.retain(|k| now.contains(k));
-        if keys.is_empty() {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    keys
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,10 +2,10 @@
 //! extents. Block devices are the files of the directory `/.nbd/`.
 //!
 //! Key layout (docs/format.md): `i` + ino (8, big-endian) -> inode; `d` + parent ino + name ->
-//! child ino; `c/next_ino` -> the next free inode number. Every namespace change is one
-//! `kv_commit`, so it is atomic.
+//! child ino; `c/next_ino` -> the next free inode number. Every namespace change and every
+//! resize is one engine transaction, so it is atomic.
 
-use bucketfs_engine::{Engine, EngineError, Fill, KvChange};
+use bucketfs_engine::{Engine, EngineError, Expect, Fill, KvChange, Txn};
 use parking_lot::RwLock;
 use std::collections::HashMap;
 
@@ -250,11 +250,16 @@ impl Fs {
             mode: 0o600,
             mtime_ns: now_ns(),
         };
-        self.engine.kv_commit(vec![
-            KvChange::Put(inode_key(ino), inode.encode()),
-            KvChange::Put(dirent_key(self.nbd_dir, name), ino.to_be_bytes().to_vec()),
-            KvChange::Put(NEXT_INO_KEY.to_vec(), (ino + 1).to_be_bytes().to_vec()),
-        ])?;
+        let mut txn = Txn::new();
+        txn.expect(dirent_key(self.nbd_dir, name), Expect::Absent)
+            .expect(
+                NEXT_INO_KEY.to_vec(),
+                Expect::Value(ino.to_be_bytes().to_vec()),
+            )
+            .put(inode_key(ino), inode.encode())
+            .put(dirent_key(self.nbd_dir, name), ino.to_be_bytes().to_vec())
+            .put(NEXT_INO_KEY.to_vec(), (ino + 1).to_be_bytes().to_vec());
+        self.engine.commit(&txn).await?;
         self.sizes.write().insert(ino, size_bytes);
         self.engine.flush().await?;
         Ok(BlockDevice {
@@ -277,26 +282,30 @@ impl Fs {
         let _guard = self.namespace.lock().await;
         let dev = self.block_device(name)?;
         let mut inode = self.inode(dev.ino)?;
-        if size_bytes < inode.size_bytes {
+        let old = inode.encode();
+        let old_size = inode.size_bytes;
+        let shrinks = size_bytes < inode.size_bytes;
+        if shrinks {
             // Shrink the size first so no write lands beyond it while its extents are dropped.
             self.sizes.write().insert(dev.ino, size_bytes);
-            let extent = bucketfs_engine::limits::EXTENT_SIZE_BYTES_U64;
-            let tail_end = size_bytes.div_ceil(extent) * extent;
-            self.engine
-                .write(
-                    dev.ino,
-                    size_bytes,
-                    tail_end - size_bytes,
-                    Fill::Zeroes { punch: true },
-                )
-                .await?;
-            self.engine
-                .drop_extents_from(dev.ino, size_bytes.div_ceil(extent))?;
         }
         inode.size_bytes = size_bytes;
         inode.mtime_ns = now_ns();
-        self.engine
-            .kv_commit(vec![KvChange::Put(inode_key(dev.ino), inode.encode())])?;
+        // The new size, the zeroed tail of the last extent and the range deletion beyond it
+        // in one transaction: a crash cannot leave the data dropped and the size unchanged.
+        let mut txn = Txn::new();
+        txn.expect(inode_key(dev.ino), Expect::Value(old));
+        if shrinks {
+            let extent = bucketfs_engine::limits::EXTENT_SIZE_BYTES_U64;
+            let tail_end = size_bytes.div_ceil(extent) * extent;
+            txn.zero(dev.ino, size_bytes, tail_end - size_bytes, true)
+                .drop_extents(dev.ino, size_bytes.div_ceil(extent), u64::MAX);
+        }
+        txn.put(inode_key(dev.ino), inode.encode());
+        if let Err(e) = self.engine.commit(&txn).await {
+            self.sizes.write().insert(dev.ino, old_size);
+            return Err(e.into());
+        }
         self.sizes.write().insert(dev.ino, size_bytes);
         self.engine.flush().await?;
         Ok(BlockDevice { size_bytes, ..dev })
@@ -307,11 +316,18 @@ impl Fs {
         let _guard = self.namespace.lock().await;
         let dev = self.block_device(name)?;
         self.sizes.write().remove(&dev.ino);
-        self.engine.drop_extents_from(dev.ino, 0)?;
-        self.engine.kv_commit(vec![
-            KvChange::Delete(dirent_key(self.nbd_dir, name)),
-            KvChange::Delete(inode_key(dev.ino)),
-        ])?;
+        let mut txn = Txn::new();
+        txn.expect(
+            dirent_key(self.nbd_dir, name),
+            Expect::Value(dev.ino.to_be_bytes().to_vec()),
+        )
+        .drop_extents(dev.ino, 0, u64::MAX)
+        .delete(dirent_key(self.nbd_dir, name))
+        .delete(inode_key(dev.ino));
+        if let Err(e) = self.engine.commit(&txn).await {
+            self.sizes.write().insert(dev.ino, dev.size_bytes);
+            return Err(e.into());
+        }
         self.engine.flush().await?;
         Ok(())
     }

@@ -255,7 +255,7 @@ impl Engine {
                                 .expect("the front was just seen");
                             // Commit before dequeuing: whoever finds the queue empty may rely on
                             // it being durable.
-                            self.commit(&mut ctl, &sealed);
+                            self.commit_sealed(&mut ctl, &sealed);
                             self.inner.queue.lock().pop_front();
                             self.inner.committed_notify.notify_waiters();
                         }
@@ -390,7 +390,7 @@ impl Engine {
     }
 
     /// Makes an uploaded log object the committed state.
-    pub(super) fn commit(&self, ctl: &mut UploadCtl, sealed: &Sealed) {
+    pub(super) fn commit_sealed(&self, ctl: &mut UploadCtl, sealed: &Sealed) {
         let (seq, object) = (sealed.seq, &sealed.object);
         let mut evicted = Vec::new();
         let snapshot = {
@@ -405,6 +405,19 @@ impl Engine {
             );
             for op in sealed.ops.iter() {
                 st.committed.apply(op);
+            }
+            if !batch.extent_cuts.is_empty() {
+                // One pass over the memory tier for all of the batch's cuts: a cut names a range
+                // (often to the end of a file), not the extents it covered.
+                let doomed: Vec<(u64, u64)> = st
+                    .clean
+                    .iter()
+                    .map(|(key, _)| *key)
+                    .filter(|&(ino, index)| batch.cuts_extent(ino, index))
+                    .collect();
+                for key in doomed {
+                    st.clean.pop(&key);
+                }
             }
             for ((ino, index), d) in &batch.extents {
                 match d {

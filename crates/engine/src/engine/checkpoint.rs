@@ -311,17 +311,7 @@ impl Engine {
             std::mem::take(&mut set.superblock_format_1)
         };
         if migrate {
-            let bytes = self.inner.bucket.get(SUPERBLOCK_KEY).await?;
-            let sb = Superblock::from_json(&bytes)?.migrated(crate::crypto::FORMAT_VERSION);
-            self.inner
-                .bucket
-                .put(
-                    SUPERBLOCK_KEY,
-                    Bytes::from(sb.to_json()),
-                    PutMode::Overwrite,
-                )
-                .await?;
-            tracing::info!(seq, "bucket migrated to format 2: metadata in sorted runs");
+            recovery::migrate_superblock(&self.inner.bucket).await?;
         }
         let c = &self.inner.counters;
         c.checkpoints_written.fetch_add(1, Ordering::Relaxed);

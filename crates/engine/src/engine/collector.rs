@@ -147,9 +147,7 @@ impl Engine {
     ) -> Result<(), EngineError> {
         let unchanged = |st: &State, ino: u64, index: u64, ptr: ExtentPtr| {
             st.committed.extent(ino, index) == Some(ptr)
-                && st
-                    .newest_first()
-                    .all(|b| !b.extents.contains_key(&(ino, index)))
+                && st.newest_first().all(|b| !b.touches_extent(ino, index))
         };
         for chunk in extents.chunks(self.inner.tuning.repack_extents_per_object as usize) {
             // The plaintext: from the memory tier while it is there (it usually is for

@@ -16,6 +16,8 @@ pub enum EngineError {
     ReadOnly,
     #[error("the bucket has no bucketfs filesystem yet; start a writer once to create it")]
     NotInitialised,
+    #[error("transaction not applied: key {key} is not {expected}")]
+    Conflict { key: String, expected: String },
     #[error("writes are refused after a failure on the durable path: {0}; restart bucketfs")]
     Poisoned(String),
 }

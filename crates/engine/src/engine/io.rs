@@ -17,6 +17,8 @@ pub enum Fill<'a> {
 pub enum KvChange {
     Put(Vec<u8>, Vec<u8>),
     Delete(Vec<u8>),
+    /// Deletes every pair with a key in `start..end`: one op in the log, whatever their number.
+    DeleteRange(Vec<u8>, Vec<u8>),
 }
 
 /// The part of extent `index` that `offset..offset+length` covers, as a byte range in the extent.
@@ -44,44 +46,14 @@ impl Engine {
             assert_eq!(d.len() as u64, length, "data length matches the range");
         }
         self.make_room().await?;
-        let first = offset / EXTENT_SIZE_BYTES_U64;
-        let last = (offset + length - 1) / EXTENT_SIZE_BYTES_U64;
-        // Whole extents of new data are copied out before the state lock is taken: copying (and,
-        // in fresh memory, faulting in) a large write's pages under the lock stalled every other
-        // request (perf, 1 MiB sequential writes).
-        let mut whole_extents = match fill {
-            Fill::Data(d) => (first..=last)
-                .filter_map(|index| {
-                    let (start, end) = extent_span(index, offset, length);
-                    (start == 0 && end == EXTENT_SIZE_BYTES).then(|| {
-                        // A whole extent starts at or after `offset`.
-                        let at = (index * EXTENT_SIZE_BYTES_U64 - offset) as usize;
-                        self.inner
-                            .extent_buffers
-                            .copy_of(&d[at..at + EXTENT_SIZE_BYTES])
-                    })
-                })
-                .collect(),
-            Fill::Zeroes { .. } => Vec::new(),
-        }
-        .into_iter();
+        let mut whole_extents = self.copy_whole_extents(offset, length, fill).into_iter();
         loop {
             // Partial extents need their current content first; fetch those that are neither in
             // memory nor holes, outside the lock, then try again.
             let (missing, commit_gen) = {
                 let mut st = self.inner.state.lock();
                 let mut missing = Vec::new();
-                for index in [first, last] {
-                    let (start, end) = extent_span(index, offset, length);
-                    if start == 0 && end == EXTENT_SIZE_BYTES {
-                        continue;
-                    }
-                    if let Found::Stored(ptr) = st.find(ino, index) {
-                        if !missing.iter().any(|(i, _)| *i == index) {
-                            missing.push((index, ptr));
-                        }
-                    }
-                }
+                stored_bases(&mut st, ino, offset, length, &mut missing);
                 if missing.is_empty() {
                     self.apply_write(&mut st, ino, offset, length, fill, &mut whole_extents);
                     st.write_gen += 1;
@@ -92,14 +64,60 @@ impl Engine {
                 }
                 (missing, st.commit_gen)
             };
-            let fetched = self.fetch(ino, &missing).await?;
+            self.fetch_bases(&missing, commit_gen).await?;
+        }
+    }
+
+    /// Copies of the whole extents of new data that a write covers, in order. Made before the
+    /// state lock is taken: copying (and, in fresh memory, faulting in) a large write's pages
+    /// under the lock stalled every other request (perf, 1 MiB sequential writes).
+    pub(super) fn copy_whole_extents(
+        &self,
+        offset: u64,
+        length: u64,
+        fill: Fill<'_>,
+    ) -> Vec<Arc<Vec<u8>>> {
+        let Fill::Data(d) = fill else {
+            return Vec::new();
+        };
+        let first = offset / EXTENT_SIZE_BYTES_U64;
+        let last = (offset + length - 1) / EXTENT_SIZE_BYTES_U64;
+        (first..=last)
+            .filter_map(|index| {
+                let (start, end) = extent_span(index, offset, length);
+                (start == 0 && end == EXTENT_SIZE_BYTES).then(|| {
+                    // A whole extent starts at or after `offset`.
+                    let at = (index * EXTENT_SIZE_BYTES_U64 - offset) as usize;
+                    self.inner
+                        .extent_buffers
+                        .copy_of(&d[at..at + EXTENT_SIZE_BYTES])
+                })
+            })
+            .collect()
+    }
+
+    /// Fetches the stored bases of partial writes (as (inode, index, pointer)) into the memory
+    /// tier, unless the committed state changed meanwhile (the caller then looks again).
+    pub(super) async fn fetch_bases(
+        &self,
+        missing: &[(u64, u64, ExtentPtr)],
+        commit_gen: u64,
+    ) -> Result<(), EngineError> {
+        let mut by_ino: BTreeMap<u64, Vec<(u64, ExtentPtr)>> = BTreeMap::new();
+        for &(ino, index, ptr) in missing {
+            by_ino.entry(ino).or_default().push((index, ptr));
+        }
+        for (ino, wanted) in by_ino {
+            let fetched = self.fetch(ino, &wanted).await?;
             let mut st = self.inner.state.lock();
-            if st.commit_gen == commit_gen {
-                for (index, data) in fetched {
-                    st.clean.put((ino, index), data);
-                }
+            if st.commit_gen != commit_gen {
+                return Ok(());
+            }
+            for (index, data) in fetched {
+                st.clean.put((ino, index), data);
             }
         }
+        Ok(())
     }
 
     /// Applies a write to the pending batch; `whole_extents` holds the copies of the whole
@@ -333,6 +351,9 @@ impl Engine {
             .into_iter()
             .collect();
         for batch in st.oldest_first() {
+            if batch.extent_cuts.contains_key(&ino) {
+                allocated.retain(|index| !batch.cuts_extent(ino, *index));
+            }
             for ((i, index), d) in &batch.extents {
                 if *i == ino && (first..=last).contains(index) {
                     match d {
@@ -359,27 +380,12 @@ impl Engine {
         runs
     }
 
-    /// Deallocates every extent of `ino` at or beyond `from_index` (file deletion, truncation).
+    /// Deallocates every extent of `ino` at or beyond `from_index` (file deletion, truncation):
+    /// one op in the log, whatever the number of extents.
     pub fn drop_extents_from(&self, ino: u64, from_index: u64) -> Result<(), EngineError> {
         self.check_writable()?;
         let mut st = self.inner.state.lock();
-        let mut indexes: BTreeSet<u64> = st
-            .committed
-            .extent_indexes(ino, from_index..u64::MAX)
-            .into_iter()
-            .collect();
-        for batch in st.oldest_first() {
-            indexes.extend(
-                batch
-                    .extents
-                    .keys()
-                    .filter(|(i, x)| *i == ino && *x >= from_index)
-                    .map(|(_, x)| *x),
-            );
-        }
-        for index in indexes {
-            st.punch(ino, index);
-        }
+        st.cut_extents(ino, from_index, u64::MAX);
         st.write_gen += 1;
         Ok(())
     }
@@ -390,25 +396,19 @@ impl Engine {
 
     /// Every pair whose key starts with `prefix`, in key order.
     pub fn kv_scan(&self, prefix: &[u8]) -> Vec<(Vec<u8>, Vec<u8>)> {
-        let st = self.inner.state.lock();
-        let mut merged: BTreeMap<Vec<u8>, Option<Vec<u8>>> = st
-            .committed
-            .kv_range(prefix)
-            .map(|(k, v)| (k.clone(), Some(v.clone())))
-            .collect();
-        for batch in st.oldest_first() {
-            for (k, v) in batch
-                .kv
-                .range(prefix.to_vec()..)
-                .take_while(|(k, _)| k.starts_with(prefix))
-            {
-                merged.insert(k.clone(), v.clone());
-            }
-        }
-        merged
-            .into_iter()
-            .filter_map(|(k, v)| v.map(|v| (k, v)))
-            .collect()
+        let end = prefix_end(prefix);
+        self.kv_range(prefix, end.as_deref(), usize::MAX)
+    }
+
+    /// The pairs with a key in `start..end` (to the last key when `end` is None), in key order,
+    /// at most `limit` of them, as one consistent snapshot.
+    pub fn kv_range(
+        &self,
+        start: &[u8],
+        end: Option<&[u8]>,
+        limit: usize,
+    ) -> Vec<(Vec<u8>, Vec<u8>)> {
+        self.inner.state.lock().kv_range(start, end, limit)
     }
 
     /// Applies the changes atomically (all of them are in the same flush).
@@ -416,12 +416,59 @@ impl Engine {
         self.check_writable()?;
         let mut st = self.inner.state.lock();
         for c in changes {
-            match c {
-                KvChange::Put(k, v) => st.pending.kv.insert(k, Some(v)),
-                KvChange::Delete(k) => st.pending.kv.insert(k, None),
-            };
+            apply_kv(&mut st, c);
         }
         st.write_gen += 1;
         Ok(())
     }
+}
+
+/// Adds to `missing` the partial extents of a write whose current content is stored only in
+/// the bucket, as (inode, index, pointer).
+pub(super) fn stored_bases(
+    st: &mut State,
+    ino: u64,
+    offset: u64,
+    length: u64,
+    missing: &mut Vec<(u64, u64, ExtentPtr)>,
+) {
+    let first = offset / EXTENT_SIZE_BYTES_U64;
+    let last = (offset + length - 1) / EXTENT_SIZE_BYTES_U64;
+    for index in [first, last] {
+        let (start, end) = extent_span(index, offset, length);
+        if start == 0 && end == EXTENT_SIZE_BYTES {
+            continue;
+        }
+        if let Found::Stored(ptr) = st.find(ino, index) {
+            if !missing.iter().any(|(i, x, _)| *i == ino && *x == index) {
+                missing.push((ino, index, ptr));
+            }
+        }
+    }
+}
+
+/// Applies one key-value change to the pending batch.
+pub(super) fn apply_kv(st: &mut State, change: KvChange) {
+    match change {
+        KvChange::Put(k, v) => {
+            st.pending.kv.insert(k, Some(v));
+        }
+        KvChange::Delete(k) => {
+            st.pending.kv.insert(k, None);
+        }
+        KvChange::DeleteRange(start, end) => st.cut_kv(start, end),
+    }
+}
+
+/// The first key after every key that starts with `prefix`; None when there is none (the prefix
+/// is empty or all 0xff).
+pub fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return Some(end);
+        }
+    }
+    None
 }

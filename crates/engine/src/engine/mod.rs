@@ -21,13 +21,16 @@ mod overlay;
 mod recovery;
 mod seal;
 mod stats;
+mod txn;
 mod write_behind;
 
 pub use error::EngineError;
+pub use io::prefix_end;
 pub use io::{Fill, KvChange};
 pub use options::EngineOptions;
 pub use recovery::change_password;
 pub use stats::EngineStats;
+pub use txn::{Expect, Txn};
 
 use barrier::{SealCtl, Sealed, UploadCtl, Waiting};
 use checkpoint::{Covered, RunSet};

@@ -42,6 +42,24 @@ pub(super) async fn unlock(
     }
 }
 
+/// Records in the superblock that the bucket is of this build's format.
+pub(super) async fn migrate_superblock(bucket: &SharedBucket) -> Result<(), EngineError> {
+    let bytes = bucket.get(SUPERBLOCK_KEY).await?;
+    let sb = Superblock::from_json(&bytes)?.migrated(crate::crypto::FORMAT_VERSION);
+    bucket
+        .put(
+            SUPERBLOCK_KEY,
+            Bytes::from(sb.to_json()),
+            PutMode::Overwrite,
+        )
+        .await?;
+    tracing::info!(
+        format = crate::crypto::FORMAT_VERSION,
+        "bucket migrated to this build's format"
+    );
+    Ok(())
+}
+
 /// Rewraps the data key under a new password; data is not touched.
 pub async fn change_password(
     bucket: &SharedBucket,
@@ -77,6 +95,9 @@ impl Engine {
         let opened = async {
             if lock_holder.is_some() {
                 bucket.begin_writing().await?;
+                if (2..crate::crypto::FORMAT_VERSION).contains(&format_version) {
+                    migrate_superblock(&bucket).await?;
+                }
             }
             let mut attempt = 1;
             loop {

@@ -77,6 +77,11 @@ impl Engine {
                 None => MetaOp::KvDelete { key: k.clone() },
             })
             .collect();
+        // Key cuts before the batch's pairs, extent cuts before its extents: what the batch
+        // holds in a cut range is newer than the cut.
+        let kv_cuts = batch.kv_cuts.len();
+        ops.splice(0..0, batch.cut_ops().take(kv_cuts));
+        ops.extend(batch.cut_ops().skip(kv_cuts));
         let mut data: Vec<(u64, u64, &Arc<Vec<u8>>, Codec)> = Vec::new();
         for ((ino, index), d) in &batch.extents {
             match d {

@@ -66,8 +66,6 @@ impl MemRun {
         self.points.insert(key, Entry::Delete);
     }
 
-    // Reads through runs (not yet the engine's: it loads runs whole at open, docs/0003).
-    #[cfg_attr(not(test), allow(dead_code))]
     pub fn delete_range(&mut self, start: Vec<u8>, end: Vec<u8>) {
         if start >= end {
             return;

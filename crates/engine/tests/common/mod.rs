@@ -2,7 +2,11 @@
 // Each test binary uses some of them.
 #![allow(dead_code)]
 
-use bucketfs_engine::{Engine, Fill, Tuning};
+use bucketfs_engine::bucket::{
+    open_url, CrashableBucket, FaultyBucket, RetryingBucket, SharedBucket,
+};
+use bucketfs_engine::{Engine, EngineOptions, Fill, TaskSet, Tuning};
+use std::sync::Arc;
 
 fn log_objects_per_checkpoint_min() -> u64 {
     Tuning::default().log_objects_per_checkpoint_min
@@ -53,4 +57,73 @@ pub async fn flush_until_checkpoints(e: &Engine, n: u64) {
         e.flush().await.unwrap();
         i += 1;
     }
+}
+
+/// One bucket, and the writer process of the moment: its view of the bucket (frozen when it
+/// crashes) and its tasks (stopped when it crashes).
+pub struct World {
+    pub faults: Arc<FaultyBucket>,
+    /// The bucket as the test sees it (not the writer's view): for inspecting and tampering.
+    pub bucket: SharedBucket,
+    writer: parking_lot::Mutex<Option<(TaskSet, Arc<CrashableBucket>)>>,
+}
+
+pub fn world() -> World {
+    let store: SharedBucket = open_url("memory://", &Vec::new()).unwrap();
+    let faults = Arc::new(FaultyBucket::new(store));
+    let bucket: SharedBucket = Arc::new(RetryingBucket::new(faults.clone()));
+    World {
+        faults,
+        bucket,
+        writer: parking_lot::Mutex::new(None),
+    }
+}
+
+impl World {
+    /// The bucket and options of a new writer process (its own view of the store, its own tasks).
+    pub fn writer(&self, mut opts: EngineOptions) -> (SharedBucket, EngineOptions) {
+        let view = Arc::new(CrashableBucket::new(self.faults.clone(), None));
+        opts.tasks = TaskSet::default();
+        *self.writer.lock() = Some((opts.tasks.clone(), view.clone()));
+        (Arc::new(RetryingBucket::new(view)), opts)
+    }
+}
+
+pub async fn open(w: &World) -> Engine {
+    let (bucket, opts) = w.writer(EngineOptions::for_tests("pw"));
+    Engine::open(bucket, opts).await.unwrap()
+}
+
+/// Kills the writer as `kill -9` would: nothing more reaches the bucket, none of its tasks runs
+/// on, and its writer lock is left behind (stale, as the process is gone).
+pub async fn crash(w: &World, e: Engine) {
+    let (tasks, view) = w.writer.lock().take().expect("a writer is open");
+    view.freeze();
+    drop(e);
+    tasks.stop_all().await;
+}
+
+pub async fn log_keys(w: &World) -> Vec<String> {
+    let objects = w.bucket.list("log/").await.unwrap();
+    objects.into_iter().map(|o| o.key).collect()
+}
+
+pub fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| seed.wrapping_add((i % 251) as u8))
+        .collect()
+}
+
+/// Waits up to 10 s for the collector to delete the log objects `keys`; returns those still
+/// stored.
+pub async fn wait_until_deleted(w: &World, mut keys: Vec<String>) -> Vec<String> {
+    for _ in 0..200 {
+        let now = log_keys(w).await;
+        keys.retain(|k| now.contains(k));
+        if keys.is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    keys
 }
