@@ -21,6 +21,9 @@ pub enum Request {
     Resize { name: String, size_bytes: u64 },
     Delete { name: String },
     Status,
+    CheckpointCreate { name: String },
+    CheckpointList,
+    CheckpointDelete { name: String },
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -68,6 +71,24 @@ impl Admin {
                     .map(device)
                     .collect(),
             ),
+            Request::CheckpointCreate { name } => serde_json::to_value(
+                self.fs
+                    .engine()
+                    .create_checkpoint(&name)
+                    .await
+                    .map_err(|e| e.to_string())?,
+            )
+            .expect("checkpoint info serialises"),
+            Request::CheckpointList => serde_json::to_value(self.fs.engine().checkpoints())
+                .expect("checkpoint info serialises"),
+            Request::CheckpointDelete { name } => {
+                self.fs
+                    .engine()
+                    .delete_checkpoint(&name)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                serde_json::Value::Null
+            }
             Request::Status => serde_json::json!({
                 "object_store": self.counts.counts(),
                 "engine": self.fs.engine().stats(),

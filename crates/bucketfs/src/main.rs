@@ -46,7 +46,13 @@ enum Command {
         /// Serve the bucket without writing to it (no writer lock is taken).
         #[arg(long)]
         read_only: bool,
+        /// Serve this named checkpoint, read-only, beside or instead of the writer.
+        #[arg(long, value_name = "NAME")]
+        checkpoint: Option<String>,
     },
+    /// Named checkpoints of the running server: the state as of a moment, kept until deleted.
+    #[command(subcommand)]
+    Checkpoint(CheckpointCommand),
     /// Manage block devices (the files of /.nbd/) on the running server.
     #[command(subcommand)]
     Nbd(NbdCommand),
@@ -58,6 +64,27 @@ enum Command {
     /// Rewrap the data key under a new password, read from standard input. Data is not
     /// re-encrypted. Update storage.encryption_password afterwards.
     ChangePassword {
+        #[arg(short, long)]
+        config: Option<PathBuf>,
+    },
+}
+
+#[derive(Subcommand)]
+enum CheckpointCommand {
+    /// Checkpoint everything acknowledged so far under NAME (writes go on meanwhile).
+    Create {
+        name: String,
+        #[arg(short, long)]
+        config: Option<PathBuf>,
+    },
+    /// List named checkpoints: name, log object, creation time (UTC), log objects kept.
+    List {
+        #[arg(short, long)]
+        config: Option<PathBuf>,
+    },
+    /// Delete a named checkpoint; the collector reclaims what only it kept.
+    Delete {
+        name: String,
         #[arg(short, long)]
         config: Option<PathBuf>,
     },
@@ -135,6 +162,22 @@ async fn admin_call(config: Option<&PathBuf>, request: admin::Request) -> Result
                 }
             }
         }
+        admin::Request::CheckpointList => {
+            for c in reply.as_array().into_iter().flatten() {
+                println!(
+                    "{}\t{}\t{}\t{}",
+                    c["name"].as_str().unwrap_or("?"),
+                    c["seq"].as_u64().unwrap_or(0),
+                    c["created_unix_s"].as_u64().unwrap_or(0),
+                    c["log_objects"].as_u64().unwrap_or(0)
+                );
+            }
+        }
+        admin::Request::CheckpointCreate { .. } => println!(
+            "checkpoint {} created as of log object {}",
+            reply["name"].as_str().unwrap_or("?"),
+            reply["seq"].as_u64().unwrap_or(0)
+        ),
         admin::Request::Status => println!(
             "{}",
             serde_json::to_string_pretty(&reply).unwrap_or_default()
@@ -184,7 +227,20 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Init { output, force } => init(&output, force),
-            Command::Run { config, read_only } => run::run(config.as_ref(), read_only).await,
+            Command::Run {
+                config,
+                read_only,
+                checkpoint,
+            } => run::run(config.as_ref(), read_only, checkpoint.as_deref()).await,
+            Command::Checkpoint(CheckpointCommand::Create { name, config }) => {
+                admin_call(config.as_ref(), admin::Request::CheckpointCreate { name }).await
+            }
+            Command::Checkpoint(CheckpointCommand::List { config }) => {
+                admin_call(config.as_ref(), admin::Request::CheckpointList).await
+            }
+            Command::Checkpoint(CheckpointCommand::Delete { name, config }) => {
+                admin_call(config.as_ref(), admin::Request::CheckpointDelete { name }).await
+            }
             Command::Nbd(NbdCommand::Create { name, size, config }) => {
                 admin_call(
                     config.as_ref(),

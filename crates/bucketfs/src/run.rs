@@ -71,7 +71,11 @@ pub fn open_bucket(cfg: &Config) -> Result<(SharedBucket, Arc<CountingBucket>), 
     Ok((bucket, counting))
 }
 
-pub async fn run(config: Option<&PathBuf>, read_only: bool) -> Result<(), String> {
+pub async fn run(
+    config: Option<&PathBuf>,
+    read_only: bool,
+    checkpoint: Option<&str>,
+) -> Result<(), String> {
     let cfg = crate::load_config(config)?;
     for w in cfg.exposure_warnings() {
         tracing::warn!("{w}");
@@ -90,11 +94,15 @@ pub async fn run(config: Option<&PathBuf>, read_only: bool) -> Result<(), String
         // A file:// bucket is already on local disk: a second local copy would only cost writes.
         disk_cache_dir: (!cfg.storage.url.starts_with("file://")).then(|| cfg.cache.dir.clone()),
         disk_cache_bytes_max: cfg.cache.disk_bytes_max,
-        read_only,
+        read_only: read_only || checkpoint.is_some(),
+        checkpoint: checkpoint.map(str::to_string),
         tuning: cfg.tuning.clone(),
         kdf_cost: KdfCost::default(),
         tasks: TaskSet::default(),
     };
+    if let Some(name) = checkpoint {
+        bucketfs_engine::check_checkpoint_name(name).map_err(|e| format!("--checkpoint: {e}"))?;
+    }
     let engine = Engine::open(bucket, opts)
         .await
         .map_err(|e| format!("{}: {e}", cfg.storage.url))?;
@@ -133,7 +141,8 @@ pub async fn run(config: Option<&PathBuf>, read_only: bool) -> Result<(), String
             }
         });
     }
-    tracing::info!(url = %cfg.storage.url, admin = %cfg.admin.listen, read_only, "bucketfs is serving");
+    let read_only = engine.read_only();
+    tracing::info!(url = %cfg.storage.url, admin = %cfg.admin.listen, read_only, checkpoint = checkpoint.unwrap_or(""), "bucketfs is serving");
 
     wait_for_shutdown().await;
     tracing::info!("shutting down: flushing");

@@ -21,8 +21,8 @@ mod tuning;
 
 pub use crypto::{KdfCost, KeyError, FORMAT_VERSION};
 pub use engine::{
-    change_password, prefix_end, Engine, EngineError, EngineOptions, EngineStats, Expect, Fill,
-    KvChange, Txn, SUPERBLOCK_KEY,
+    change_password, check_checkpoint_name, prefix_end, CheckpointInfo, Engine, EngineError,
+    EngineOptions, EngineStats, Expect, Fill, KvChange, Txn, SUPERBLOCK_KEY,
 };
 pub use frame::Codec;
 pub use lease::LeaseError;

@@ -556,6 +556,13 @@ impl MetaState {
         found
     }
 
+    /// The log objects that hold a live extent, in order.
+    pub fn live_objects(&self) -> Vec<u64> {
+        let mut seqs: Vec<u64> = self.live_bytes.keys().copied().collect();
+        seqs.sort_unstable();
+        seqs
+    }
+
     pub fn live_bytes(&self, seq: u64) -> u64 {
         self.live_bytes.get(&seq).copied().unwrap_or(0)
     }

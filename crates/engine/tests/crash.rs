@@ -128,9 +128,21 @@ struct Tally {
     mutations: u64,
     /// Transactions refused because their condition failed (they must change nothing).
     conflicts: u64,
+    /// Named checkpoints created, and checked read-only against the state they were made at.
+    pins_created: u64,
+    pins_checked: u64,
     checkpoints: u64,
     log_objects_deleted: u64,
     extents_moved: u64,
+}
+
+/// What a seed's bucket may hold: `history[acked]` is the newest state a barrier acknowledged,
+/// and the history grows by one state per acknowledged mutation; each named checkpoint must
+/// hold the state it was made at.
+struct Expected {
+    history: Vec<Model>,
+    acked: usize,
+    pins: BTreeMap<String, Model>,
 }
 
 /// The bucket's state as an engine opened on it sees it.
@@ -175,18 +187,21 @@ fn describe_mismatch(history: &[Model], acked: usize, seen: &Model) -> String {
     why
 }
 
-/// One writer process: opens the bucket, checks what it finds, then mutates until its view of
-/// the bucket freezes (or it has done enough). `history[acked]` is the newest state a barrier
-/// acknowledged; the history grows by one state per acknowledged mutation.
+/// One writer process: opens the bucket, checks what it finds (and every named checkpoint),
+/// then mutates until its view of the bucket freezes (or it has done enough).
 async fn live(
     store: &SharedBucket,
     rng: &mut Rng,
     plan: Option<FreezePlan>,
     tasks: TaskSet,
-    history: &mut Vec<Model>,
-    acked: &mut usize,
+    expected: &mut Expected,
     tally: &mut Tally,
 ) -> Result<(), String> {
+    let Expected {
+        history,
+        acked,
+        pins,
+    } = expected;
     let view = Arc::new(CrashableBucket::new(store.clone(), plan));
     let bucket: SharedBucket = Arc::new(RetryingBucket::new(view.clone()));
     let opts = options(rng, tasks);
@@ -209,6 +224,21 @@ async fn live(
     history.clear();
     history.push(base);
     *acked = 0;
+    // Every named checkpoint still holds the state it was made at, whatever crashed since.
+    for (name, want) in pins.iter() {
+        let mut opts = EngineOptions::for_tests("pw");
+        opts.read_only = true;
+        opts.checkpoint = Some(name.clone());
+        let reader = Engine::open(store.clone(), opts)
+            .await
+            .map_err(|e| format!("opening checkpoint {name}: {e}"))?;
+        if observe(&reader).await != *want {
+            return Err(format!(
+                "checkpoint {name} does not hold the state it was created at"
+            ));
+        }
+        tally.pins_checked += 1;
+    }
     // The last process only checks what the crashes left.
     let ops = if plan.is_some() {
         1 + rng.below(OPS_PER_LIFE_MAX)
@@ -332,6 +362,44 @@ async fn live(
                 e.kv_commit(changes)
                     .map_err(|e| format!("key-value commit failed: {e}"))?;
             }
+            // A named checkpoint: made (a barrier too), or one deleted.
+            72..=73 => {
+                if !pins.is_empty() && rng.chance(40) {
+                    let at = rng.below(pins.len() as u64) as usize;
+                    let name = pins.keys().nth(at).expect("in range").clone();
+                    let d = e.delete_checkpoint(&name);
+                    tokio::select! {
+                        r = d => r.map_err(|e| format!("deleting checkpoint {name}: {e}"))?,
+                        // Deleted or not: checked no more.
+                        () = view.frozen() => {
+                            pins.remove(&name);
+                            break;
+                        }
+                    }
+                    pins.remove(&name);
+                } else {
+                    let name = format!("c{}", rng.next() % 1_000_000_000);
+                    let c = e.create_checkpoint(&name);
+                    let r = tokio::select! {
+                        r = c => r,
+                        () = view.frozen() => break,
+                    };
+                    match r {
+                        Ok(_) => {}
+                        // Only a bucket nothing was ever written to has no state to keep.
+                        Err(EngineError::NothingToCheckpoint)
+                            if history.iter().all(|m| *m == Model::empty()) =>
+                        {
+                            continue
+                        }
+                        Err(e) => return Err(format!("creating checkpoint {name}: {e}")),
+                    }
+                    *acked = history.len() - 1;
+                    pins.insert(name, history.last().expect("never empty").clone());
+                    tally.pins_created += 1;
+                }
+                continue;
+            }
             // A barrier: once it returns, everything before it must survive.
             _ => {
                 tokio::select! {
@@ -373,8 +441,11 @@ async fn live(
 fn run_seed(seed: u64, tally: &mut Tally) -> Result<(), String> {
     let mut rng = Rng(seed);
     let store: SharedBucket = open_url("memory://", &Vec::new()).expect("memory store");
-    let mut history = vec![Model::empty()];
-    let mut acked = 0;
+    let mut expected = Expected {
+        history: vec![Model::empty()],
+        acked: 0,
+        pins: BTreeMap::new(),
+    };
     for life in 0..=LIVES {
         let last = life == LIVES;
         let plan = (!last).then(|| FreezePlan {
@@ -398,8 +469,7 @@ fn run_seed(seed: u64, tally: &mut Tally) -> Result<(), String> {
             &mut rng,
             plan,
             tasks.clone(),
-            &mut history,
-            &mut acked,
+            &mut expected,
             tally,
         ));
         tally.crashes += u64::from(!last);
@@ -442,7 +512,8 @@ fn every_crash_leaves_a_prefix_that_holds_every_acknowledged_barrier() {
             tally.checkpoints > 0
                 && tally.log_objects_deleted > 0
                 && tally.extents_moved > 0
-                && tally.conflicts > 0,
+                && tally.conflicts > 0
+                && tally.pins_checked > 0,
             "{tally:?}"
         );
     }

@@ -164,15 +164,43 @@ impl Engine {
         repack: Repack,
     ) -> Result<(), EngineError> {
         let (manifest_runs, state) = self.write_runs(seq, state, changes).await?;
-        self.collect_runs(seq, &manifest_runs).await?;
+        let live = self.collect(seq, &manifest_runs, &covered).await?;
+        tracing::info!(seq, "checkpoint written");
+        if repack == Repack::No {
+            return Ok(());
+        }
+        if let Err(e) = self
+            .repack(&state, &live.into_iter().collect(), &covered)
+            .await
+        {
+            tracing::warn!(seq, error = %e, "moving extents out of log objects failed; they stay until a later checkpoint tries again");
+        }
+        Ok(())
+    }
+}
+
+impl Engine {
+    /// Deletes what manifest `seq` (naming `runs`) made unnecessary and no named checkpoint
+    /// keeps: older manifests, runs no manifest names, and the covered log objects that hold no
+    /// live extent. Returns the covered log objects still live that no named checkpoint keeps
+    /// (those worth repacking), with their sizes.
+    pub(super) async fn collect(
+        &self,
+        seq: u64,
+        runs: &[RunInfo],
+        covered: &Covered,
+    ) -> Result<Vec<(u64, u64)>, EngineError> {
+        self.collect_runs(seq, runs).await?;
         // Live bytes of a log object only ever fall (new pointers point at new objects), so an
         // object found dead here stays dead.
         type Logs = Vec<(u64, u64)>;
         let (dead, live): (Logs, Logs) = {
             let st = self.inner.state.lock();
+            let pins = self.inner.pins.lock();
             covered
                 .logs
                 .iter()
+                .filter(|(s, _)| !pins.holds_object(*s))
                 .partition(|(s, _)| st.committed.live_bytes(*s) == 0)
         };
         let deleted: Vec<u64> = futures::stream::iter(dead)
@@ -204,24 +232,12 @@ impl Engine {
             .counters
             .log_objects_deleted
             .fetch_add(deleted.len() as u64, Ordering::Relaxed);
-        tracing::info!(seq, "checkpoint written");
-        if repack == Repack::No {
-            return Ok(());
-        }
-        if let Err(e) = self
-            .repack(&state, &live.into_iter().collect(), &covered)
-            .await
-        {
-            tracing::warn!(seq, error = %e, "moving extents out of log objects failed; they stay until a later checkpoint tries again");
-        }
-        Ok(())
+        Ok(live)
     }
-}
 
-impl Engine {
     /// Stores the run of checkpoint `seq` and its manifest; returns the runs the manifest names
     /// and `state` (given back from the blocking thread that encoded it).
-    async fn write_runs(
+    pub(super) async fn write_runs(
         &self,
         seq: u64,
         state: MetaState,
@@ -333,14 +349,18 @@ impl Engine {
         let bucket = &self.inner.bucket;
         let mut garbage = Vec::new();
         for old in bucket.list("manifest/").await? {
-            if logobj::parse_seq(&old.key, "manifest").is_some_and(|s| s < seq) {
+            if logobj::parse_seq(&old.key, "manifest")
+                .is_some_and(|s| s < seq && !self.inner.pins.lock().holds_manifest(s))
+            {
                 garbage.push(old.key);
             }
         }
         for old in bucket.list("run/").await? {
-            if logobj::parse_seq(&old.key, "run")
-                .is_some_and(|id| id < seq && !runs.iter().any(|r| r.id == id))
-            {
+            if logobj::parse_seq(&old.key, "run").is_some_and(|id| {
+                id < seq
+                    && !runs.iter().any(|r| r.id == id)
+                    && !self.inner.pins.lock().holds_run(id)
+            }) {
                 garbage.push(old.key);
             }
         }

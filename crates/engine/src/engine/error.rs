@@ -18,6 +18,16 @@ pub enum EngineError {
     NotInitialised,
     #[error("transaction not applied: key {key} is not {expected}")]
     Conflict { key: String, expected: String },
+    #[error("invalid checkpoint name {0:?}: 1 to 64 letters, digits, '.', '_' or '-', not starting with '.' or '-'")]
+    BadCheckpointName(String),
+    #[error("a checkpoint named {0:?} exists already")]
+    CheckpointExists(String),
+    #[error("no checkpoint named {0:?} (`bucketfs checkpoint list` shows them)")]
+    NoSuchCheckpoint(String),
+    #[error("checkpoint {0:?} can only be served read-only")]
+    CheckpointIsReadOnly(String),
+    #[error("nothing has been written to the bucket yet: there is nothing to checkpoint")]
+    NothingToCheckpoint,
     #[error("writes are refused after a failure on the durable path: {0}; restart bucketfs")]
     Poisoned(String),
 }

@@ -18,6 +18,7 @@ mod error;
 mod io;
 mod options;
 mod overlay;
+mod pins;
 mod recovery;
 mod seal;
 mod stats;
@@ -28,6 +29,7 @@ pub use error::EngineError;
 pub use io::prefix_end;
 pub use io::{Fill, KvChange};
 pub use options::EngineOptions;
+pub use pins::{check_checkpoint_name, CheckpointInfo};
 pub use recovery::change_password;
 pub use stats::EngineStats;
 pub use txn::{Expect, Txn};
@@ -36,6 +38,7 @@ use barrier::{SealCtl, Sealed, UploadCtl, Waiting};
 use checkpoint::{Covered, RunSet};
 use collector::Repack;
 use overlay::{Batch, Dirty, Found, State};
+use pins::Pins;
 use stats::Counters;
 
 use crate::bucket::{DeleteMode, PutMode, SharedBucket, StoreError};
@@ -87,6 +90,8 @@ struct Inner {
     checkpoint_running: AtomicBool,
     /// The runs of the newest manifest; changed only by the checkpoint running.
     runs: Mutex<RunSet>,
+    /// The named checkpoints, which the collector leaves alone.
+    pins: Mutex<Pins>,
     /// When the last log object was committed (`Inner::epoch` + this many microseconds).
     last_commit_us: AtomicU64,
     /// The last checkpoint's collection repacked extents: the objects they left are dead,

@@ -13,6 +13,8 @@ pub struct EngineOptions {
     pub disk_cache_dir: Option<PathBuf>,
     pub disk_cache_bytes_max: u64,
     pub read_only: bool,
+    /// Serve this named checkpoint (read-only) instead of the newest state.
+    pub checkpoint: Option<String>,
     /// The password's key-derivation cost, for a bucket this open creates (tests lower it).
     pub kdf_cost: KdfCost,
     /// Values fitted to a workload (tuning.rs).
@@ -31,6 +33,7 @@ impl EngineOptions {
             disk_cache_dir: None,
             disk_cache_bytes_max: 0,
             read_only: false,
+            checkpoint: None,
             // Tests ask for checkpoints themselves, and age nothing by default.
             tuning: Tuning {
                 quiet_checkpoint_after_ms: 0,

@@ -142,12 +142,26 @@ impl Engine {
         format_version: u32,
     ) -> Result<Engine, EngineError> {
         let mut committed = MetaState::default();
-        let manifest_seq = bucket
-            .list("manifest/")
-            .await?
-            .iter()
-            .filter_map(|o| logobj::parse_seq(&o.key, "manifest"))
-            .max();
+        let pins = pins::load_pins(&bucket, &sealer).await?;
+        let pinned = match &opts.checkpoint {
+            Some(name) if !opts.read_only => {
+                return Err(EngineError::CheckpointIsReadOnly(name.clone()))
+            }
+            Some(name) => match pins.by_name.get(name) {
+                Some(pin) => Some(pin.seq),
+                None => return Err(EngineError::NoSuchCheckpoint(name.clone())),
+            },
+            None => None,
+        };
+        let manifest_seq = match pinned {
+            Some(seq) => Some(seq),
+            None => bucket
+                .list("manifest/")
+                .await?
+                .iter()
+                .filter_map(|o| logobj::parse_seq(&o.key, "manifest"))
+                .max(),
+        };
         let (checkpoint_seq, runs) = match manifest_seq {
             Some(seq) => (seq, load_runs(&bucket, &sealer, seq, &mut committed).await?),
             // Format 1: one whole-map checkpoint (or none yet). The first checkpoint of this
@@ -164,6 +178,11 @@ impl Engine {
             .iter()
             .filter_map(|o| logobj::parse_seq(&o.key, "log").map(|s| (s, o.size_bytes)))
             .collect();
+        // A named checkpoint is the state as of its manifest: nothing after it is replayed.
+        let logs: Vec<(u64, u64)> = match pinned {
+            Some(seq) => logs.into_iter().filter(|(s, _)| *s <= seq).collect(),
+            None => logs,
+        };
         let known_logs: BTreeMap<u64, u64> = logs.iter().copied().collect();
         let to_replay: Vec<(u64, u64)> = logs
             .into_iter()
@@ -290,6 +309,7 @@ impl Engine {
                 disk_cache,
                 lock_holder,
                 checkpoint_running: AtomicBool::new(false),
+                pins: Mutex::new(pins),
                 runs: Mutex::new(RunSet {
                     full_next: runs.is_empty(),
                     runs,

@@ -1,0 +1,350 @@
+//! Named checkpoints: a manifest kept by name, with the runs it names and the log objects its
+//! state points into, until the name is deleted. The collector leaves all of them alone;
+//! `EngineOptions::checkpoint` opens one read-only (docs/0003, "Named checkpoints").
+//!
+//! A pin is the sealed object `pin/<random id>`; the name is inside it, so names never appear
+//! in the bucket's listing.
+
+use super::*;
+
+const PIN_MAGIC: &[u8; 8] = b"BFSPIN01";
+/// Longest checkpoint name.
+const CHECKPOINT_NAME_BYTES_MAX: usize = 64;
+
+/// One named checkpoint.
+#[derive(Debug, Clone)]
+pub(super) struct Pin {
+    pub(super) name: String,
+    /// The key suffix of its `pin/` object.
+    pub(super) id: String,
+    /// The manifest it keeps: the state as of this log object.
+    pub(super) seq: u64,
+    pub(super) created_unix_s: u64,
+    pub(super) runs: Vec<RunInfo>,
+    /// The log objects its state points into, sorted.
+    pub(super) objects: Vec<u64>,
+}
+
+/// What `bucketfs checkpoint list` shows of a named checkpoint.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct CheckpointInfo {
+    pub name: String,
+    /// The log object the checkpoint's state is as of.
+    pub seq: u64,
+    pub created_unix_s: u64,
+    /// Log objects it keeps from collection.
+    pub log_objects: usize,
+}
+
+impl Pin {
+    pub(super) fn info(&self) -> CheckpointInfo {
+        CheckpointInfo {
+            name: self.name.clone(),
+            seq: self.seq,
+            created_unix_s: self.created_unix_s,
+            log_objects: self.objects.len(),
+        }
+    }
+
+    fn key(&self) -> String {
+        format!("pin/{}", self.id)
+    }
+
+    fn encode(&self, sealer: &Sealer) -> Vec<u8> {
+        let mut plain = Vec::with_capacity(64 + self.objects.len() * 8);
+        plain.extend_from_slice(&(self.name.len() as u32).to_le_bytes());
+        plain.extend_from_slice(self.name.as_bytes());
+        plain.extend_from_slice(&self.seq.to_le_bytes());
+        plain.extend_from_slice(&self.created_unix_s.to_le_bytes());
+        plain.extend_from_slice(&(self.runs.len() as u32).to_le_bytes());
+        for r in &self.runs {
+            plain.extend_from_slice(&r.id.to_le_bytes());
+            plain.extend_from_slice(&r.size_bytes.to_le_bytes());
+        }
+        plain.extend_from_slice(&(self.objects.len() as u64).to_le_bytes());
+        for s in &self.objects {
+            plain.extend_from_slice(&s.to_le_bytes());
+        }
+        let packed = zstd::bulk::compress(&plain, 3).expect("compressing to memory cannot fail");
+        let mut buf = PIN_MAGIC.to_vec();
+        buf.extend_from_slice(&(plain.len() as u64).to_le_bytes());
+        sealer.seal_into(&mut buf, &pin_aad(&self.id), &packed);
+        buf
+    }
+
+    fn decode(sealer: &Sealer, id: &str, buf: &[u8]) -> Result<Pin, EngineError> {
+        let key = format!("pin/{id}");
+        let bad = |why: &str| EngineError::Corrupt(format!("{key}: {why}"));
+        if buf.len() < 16 || &buf[..8] != PIN_MAGIC {
+            return Err(bad("not a checkpoint pin (bad magic or length)"));
+        }
+        let plain_len = u64::from_le_bytes(buf[8..16].try_into().expect("8 bytes"));
+        let packed = sealer
+            .open(&pin_aad(id), &buf[16..])
+            .map_err(|_| bad("failed authentication (corrupted, or sealed with another key)"))?;
+        // Sealed, so the length is ours; bounded anyway, as a lie must not be an allocation.
+        if plain_len > 64 * packed.len() as u64 + 1024 {
+            return Err(bad("implausible length"));
+        }
+        let plain = zstd::bulk::decompress(&packed, plain_len as usize)
+            .map_err(|_| bad("does not decompress"))?;
+        let mut r = Cursor { buf: &plain, at: 0 };
+        let name_len = r.u32()? as usize;
+        let name = String::from_utf8(r.take(name_len)?.to_vec()).map_err(|_| bad("bad name"))?;
+        let seq = r.u64()?;
+        let created_unix_s = r.u64()?;
+        let run_count = r.u32()? as usize;
+        let mut runs = Vec::with_capacity(run_count.min(RUNS_PER_MANIFEST_MAX));
+        for _ in 0..run_count {
+            runs.push(RunInfo {
+                id: r.u64()?,
+                size_bytes: r.u64()?,
+            });
+        }
+        let object_count = r.u64()? as usize;
+        let mut objects = Vec::with_capacity(object_count.min(plain.len() / 8));
+        for _ in 0..object_count {
+            objects.push(r.u64()?);
+        }
+        if r.at != plain.len() {
+            return Err(bad("trailing bytes"));
+        }
+        Ok(Pin {
+            name,
+            id: id.to_string(),
+            seq,
+            created_unix_s,
+            runs,
+            objects,
+        })
+    }
+}
+
+fn pin_aad(id: &str) -> Vec<u8> {
+    let mut a = b"bfs-pin".to_vec();
+    a.extend_from_slice(id.as_bytes());
+    a
+}
+
+struct Cursor<'a> {
+    buf: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Cursor<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], EngineError> {
+        let end = self
+            .at
+            .checked_add(n)
+            .filter(|&e| e <= self.buf.len())
+            .ok_or_else(|| EngineError::Corrupt("a checkpoint pin is truncated".into()))?;
+        let s = &self.buf[self.at..end];
+        self.at = end;
+        Ok(s)
+    }
+    fn u32(&mut self) -> Result<u32, EngineError> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4")))
+    }
+    fn u64(&mut self) -> Result<u64, EngineError> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8")))
+    }
+}
+
+/// The named checkpoints of a bucket, by name.
+#[derive(Debug, Default)]
+pub(super) struct Pins {
+    pub(super) by_name: BTreeMap<String, Pin>,
+}
+
+impl Pins {
+    pub(super) fn holds_object(&self, seq: u64) -> bool {
+        self.by_name
+            .values()
+            .any(|p| p.objects.binary_search(&seq).is_ok())
+    }
+
+    pub(super) fn holds_run(&self, id: u64) -> bool {
+        self.by_name
+            .values()
+            .any(|p| p.runs.iter().any(|r| r.id == id))
+    }
+
+    pub(super) fn holds_manifest(&self, seq: u64) -> bool {
+        self.by_name.values().any(|p| p.seq == seq)
+    }
+}
+
+/// Names are what a shell and a URL carry without quoting: letters, digits, `.`, `_`, `-`,
+/// not starting with `.` or `-`.
+pub fn check_checkpoint_name(name: &str) -> Result<(), EngineError> {
+    let ok = !name.is_empty()
+        && name.len() <= CHECKPOINT_NAME_BYTES_MAX
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+        && !name.starts_with(['.', '-']);
+    if ok {
+        Ok(())
+    } else {
+        Err(EngineError::BadCheckpointName(name.to_string()))
+    }
+}
+
+/// Reads every pin of the bucket.
+pub(super) async fn load_pins(bucket: &SharedBucket, sealer: &Sealer) -> Result<Pins, EngineError> {
+    let mut pins = Pins::default();
+    for o in bucket.list("pin/").await? {
+        let Some(id) = o.key.strip_prefix("pin/") else {
+            continue;
+        };
+        let bytes = bucket.get(&o.key).await?;
+        let pin = Pin::decode(sealer, id, &bytes)?;
+        pins.by_name.insert(pin.name.clone(), pin);
+    }
+    Ok(pins)
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+impl Engine {
+    /// Creates the named checkpoint of everything acknowledged before this call: a barrier,
+    /// then a checkpoint (unless the newest one is already as of the last log object), kept
+    /// under `name` until [`Engine::delete_checkpoint`]. Writes go on meanwhile.
+    pub async fn create_checkpoint(&self, name: &str) -> Result<CheckpointInfo, EngineError> {
+        self.check_writable()?;
+        check_checkpoint_name(name)?;
+        if self.inner.pins.lock().by_name.contains_key(name) {
+            return Err(EngineError::CheckpointExists(name.to_string()));
+        }
+        self.flush().await?;
+        let _slot = self.checkpoint_slot().await;
+        let (seq, snapshot, kept_objects) = {
+            let mut ctl = self.inner.upload.lock().await;
+            let newest = {
+                let runs = self.inner.runs.lock();
+                (!runs.full_next)
+                    .then(|| runs.runs.last().map(|r| r.id))
+                    .flatten()
+            };
+            // The newest log objects may be gone already: once a checkpoint covers them, those
+            // holding no live extent (only key-value pairs, say) are collected.
+            let last_log = ctl.known_logs.last_key_value().map(|(s, _)| *s);
+            let mut st = self.inner.state.lock();
+            if let Some(newest) = newest.filter(|n| last_log.is_none_or(|l| l <= *n)) {
+                // No commit since the newest checkpoint: the map is as of it. Keep that one.
+                (newest, None, st.committed.live_objects())
+            } else {
+                let Some(seq) = last_log else {
+                    return Err(EngineError::NothingToCheckpoint);
+                };
+                let changes = st.committed.take_changes();
+                let state = st.committed.clone();
+                drop(st);
+                let covered = self.begin_checkpoint(&mut ctl, seq);
+                (seq, Some((state, changes, covered)), Vec::new())
+            }
+        };
+        let (runs, objects, covered) = match (snapshot, kept_objects) {
+            (Some((state, changes, covered)), _) => {
+                let (runs, state) = self.write_runs(seq, state, changes).await?;
+                (runs, state.live_objects(), Some(covered))
+            }
+            (None, objects) => (self.inner.runs.lock().runs.clone(), objects, None),
+        };
+        let mut id = [0u8; 8];
+        rand::RngCore::fill_bytes(&mut rand::thread_rng(), &mut id);
+        let pin = Pin {
+            name: name.to_string(),
+            id: id.iter().map(|b| format!("{b:02x}")).collect(),
+            seq,
+            created_unix_s: unix_now(),
+            runs,
+            objects,
+        };
+        self.inner
+            .bucket
+            .put(
+                &pin.key(),
+                Bytes::from(pin.encode(&self.inner.sealer)),
+                PutMode::Create,
+            )
+            .await?;
+        let info = pin.info();
+        self.inner.pins.lock().by_name.insert(name.to_string(), pin);
+        tracing::info!(
+            name,
+            seq,
+            log_objects = info.log_objects,
+            "named checkpoint created"
+        );
+        if let Some(covered) = covered {
+            // The checkpoint written above is a regular one too: collect what it allows.
+            let manifest_runs = self.inner.runs.lock().runs.clone();
+            self.collect(seq, &manifest_runs, &covered).await?;
+        }
+        Ok(info)
+    }
+
+    /// The named checkpoints, by name.
+    pub fn checkpoints(&self) -> Vec<CheckpointInfo> {
+        self.inner
+            .pins
+            .lock()
+            .by_name
+            .values()
+            .map(Pin::info)
+            .collect()
+    }
+
+    /// Deletes a named checkpoint; the collector then reclaims what only it kept (at once, as
+    /// far as the newest checkpoint allows).
+    pub async fn delete_checkpoint(&self, name: &str) -> Result<(), EngineError> {
+        self.check_writable()?;
+        let _slot = self.checkpoint_slot().await;
+        let Some(pin) = self.inner.pins.lock().by_name.get(name).cloned() else {
+            return Err(EngineError::NoSuchCheckpoint(name.to_string()));
+        };
+        self.inner
+            .bucket
+            .delete(&pin.key(), DeleteMode::Durable)
+            .await?;
+        self.inner.pins.lock().by_name.remove(name);
+        tracing::info!(name, seq = pin.seq, "named checkpoint deleted");
+        let (seq, covered) = {
+            let ctl = self.inner.upload.lock().await;
+            let runs = self.inner.runs.lock();
+            let Some(seq) = runs.runs.last().map(|r| r.id) else {
+                return Ok(());
+            };
+            let logs = ctl
+                .known_logs
+                .range(..=seq)
+                .map(|(s, b)| (*s, *b))
+                .collect();
+            (
+                seq,
+                Covered {
+                    logs,
+                    aged_through: 0,
+                    log_bytes: 0,
+                },
+            )
+        };
+        let manifest_runs = self.inner.runs.lock().runs.clone();
+        self.collect(seq, &manifest_runs, &covered)
+            .await
+            .map(|_| ())
+    }
+
+    /// Waits until no checkpoint or collection runs, then holds that off until the guard drops.
+    async fn checkpoint_slot(&self) -> ClearOnDrop<'_> {
+        while self.inner.checkpoint_running.swap(true, Ordering::AcqRel) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        ClearOnDrop(&self.inner.checkpoint_running)
+    }
+}
