@@ -15,8 +15,11 @@ itself (the delay then applies once, to the whole request).
 Counts per method, bytes each way and the delay added are written as JSON to --stats on SIGTERM
 or SIGINT (and every few seconds), so a benchmark can check that the requests went through it.
 
+With --refuse-while FILE, every request that arrives while FILE exists is refused: the proxy
+closes the connection at once, as an unreachable store does (tests/outage.sh).
+
 Usage: s3proxy.py --listen 127.0.0.1:PORT --upstream 127.0.0.1:PORT [--latency 20ms]
-                  [--bandwidth 100MB/s] [--stats FILE]
+                  [--bandwidth 100MB/s] [--stats FILE] [--refuse-while FILE]
        s3proxy.py --check-args [--latency L] [--bandwidth B]     (validate, as bench/run does)
 Latency: 20ms, 500us, 0.02s (a bare number is ms). Bandwidth: 100MB/s (decimal), 80MiB/s,
 1Gbit/s, or 0 / unlimited.
@@ -93,6 +96,7 @@ class Stats:
         self.bytes_down = 0
         self.connections = 0
         self.errors = 0
+        self.refused = 0
         self.delay_added_s = 0.0
 
     def as_dict(self):
@@ -101,7 +105,7 @@ class Stats:
             "requests": self.requests, "by_method": self.by_method,
             "responses_by_status": self.responses_by_status,
             "bytes_up": self.bytes_up, "bytes_down": self.bytes_down,
-            "connections": self.connections, "errors": self.errors,
+            "connections": self.connections, "errors": self.errors, "refused": self.refused,
             "delay_added_s": round(self.delay_added_s, 3),
         }
 
@@ -236,6 +240,9 @@ class Proxy:
                 if len(parts) != 3:
                     raise ProtocolError("bad request line %r" % start[:80])
                 method, _, version = parts
+                if self.args.refuse_while and os.path.exists(self.args.refuse_while):
+                    self.stats.refused += 1
+                    return
                 if (header(headers, "expect") or "").lower() == "100-continue":
                     client_writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
                     await client_writer.drain()
@@ -312,6 +319,7 @@ async def main():
     ap.add_argument("--latency", type=parse_latency_s, default=parse_latency_s("20ms"))
     ap.add_argument("--bandwidth", type=parse_bandwidth_bytes_per_s, default=0.0)
     ap.add_argument("--stats", help="write counters as JSON here")
+    ap.add_argument("--refuse-while", help="refuse every request while this file exists")
     ap.add_argument("--check-args", action="store_true",
                     help="only check --latency and --bandwidth, then exit")
     args = ap.parse_args()

@@ -92,6 +92,7 @@ impl Admin {
             Request::Status => serde_json::json!({
                 "object_store": self.counts.counts(),
                 "engine": self.fs.engine().stats(),
+                "store_outage": self.fs.engine().store_outage(),
                 "block_devices": self.fs.block_devices().map_err(fs_error_message)?.into_iter().map(device).collect::<Vec<_>>(),
             }),
         })

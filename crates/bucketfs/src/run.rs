@@ -95,6 +95,7 @@ pub async fn run(
         disk_cache_dir: (!cfg.storage.url.starts_with("file://")).then(|| cfg.cache.dir.clone()),
         disk_cache_bytes_max: cfg.cache.disk_bytes_max,
         read_only: read_only || checkpoint.is_some(),
+        outage_timeout: Duration::from_secs(cfg.storage.outage_timeout_s),
         checkpoint: checkpoint.map(str::to_string),
         tuning: cfg.tuning.clone(),
         kdf_cost: KdfCost::default(),

@@ -146,6 +146,16 @@ pub(super) fn check_flush_interval(value: &Value) -> Result<(), String> {
     }
 }
 
+pub(super) fn check_positive_seconds(value: &Value) -> Result<(), String> {
+    match value {
+        Value::Integer(s) if *s > 0 => Ok(()),
+        other => Err(format!(
+            "expected a positive integer number of seconds, found {}",
+            describe(other)
+        )),
+    }
+}
+
 pub(super) fn check_count(value: &Value) -> Result<(), String> {
     match value {
         Value::Integer(count) if *count >= 0 => Ok(()),

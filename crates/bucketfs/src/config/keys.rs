@@ -10,8 +10,8 @@ use std::sync::LazyLock;
 use toml::{Table, Value};
 
 use super::checks::{
-    check_bool, check_compression, check_flush_interval, check_path, check_size,
-    check_socket_address, check_storage_url, check_string, check_unix_socket, CheckFn,
+    check_bool, check_compression, check_flush_interval, check_path, check_positive_seconds,
+    check_size, check_socket_address, check_storage_url, check_string, check_unix_socket, CheckFn,
 };
 
 /// How the value of a key is checked after substitution.
@@ -126,6 +126,16 @@ const DECLARED: &[Key] = &[
         default("2000"),
         "Writes that nobody fsynced are uploaded at least this often (milliseconds); a crash \
          can lose only writes that are younger than this and were never flushed.",
+    ),
+    // Long enough for a region's brownout or a store's failover; short enough that a store gone
+    // for good is reported to the database rather than hidden for hours.
+    key(
+        "storage.outage_timeout_s",
+        One(check_positive_seconds),
+        default("600"),
+        "While the object store fails or hangs, flushes (fsync) wait and retry for up to this \
+         many seconds before they report an I/O error; writes go on until the memory for \
+         unflushed data is full, then wait too. `bucketfs status` shows an outage under way.",
     ),
     key(
         "cache.dir",

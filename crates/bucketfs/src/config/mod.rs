@@ -69,6 +69,8 @@ pub struct StorageConfig {
     pub compression: Compression,
     /// Always positive.
     pub flush_interval_ms: u64,
+    /// Always positive.
+    pub outage_timeout_s: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
@@ -330,6 +332,7 @@ impl fmt::Debug for StorageConfig {
             .field("encryption_password", &redact(&self.encryption_password))
             .field("compression", &self.compression)
             .field("flush_interval_ms", &self.flush_interval_ms)
+            .field("outage_timeout_s", &self.outage_timeout_s)
             .finish()
     }
 }

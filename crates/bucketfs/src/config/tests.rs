@@ -130,7 +130,7 @@ fn init_template_lists_every_key_and_its_examples_are_valid() {
         .iter()
         .filter(|leaf| !leaf.starts_with("tuning."))
         .count();
-    assert_eq!(untuned, 23);
+    assert_eq!(untuned, 24);
     for leaf in leaves {
         assert!(lookup(&table, leaf).is_some(), "the template lacks {leaf}");
     }
@@ -246,6 +246,7 @@ fn full_file_sets_every_field() {
             encryption_password: Some("pw".to_string()),
             compression: Compression::Lz4,
             flush_interval_ms: 500,
+            outage_timeout_s: 600,
         },
         cache: CacheConfig {
             dir: PathBuf::from("/var/cache/bucketfs"),
@@ -396,7 +397,7 @@ fn unknown_nested_key_is_named_with_its_dotted_path() {
     assert_eq!(
         error("[storage]\ncompresion = \"lz4\"\n"),
         "bucketfs.toml: unknown key `storage.compresion` (expected one of: url, \
-         encryption_password, compression, flush_interval_ms)"
+         encryption_password, compression, flush_interval_ms, outage_timeout_s)"
     );
     assert_eq!(
         error("[servers.nfs]\nlisten = []\n"),

@@ -146,6 +146,7 @@ impl Engine {
             let st = self.inner.state.lock();
             (st.write_gen, st.pending.data_bytes())
         };
+        let mut retries = 0;
         let result = loop {
             if self.inner.durable_gen.load(Ordering::Acquire) >= target {
                 break Ok(());
@@ -154,8 +155,18 @@ impl Engine {
                 break Err(EngineError::Poisoned(why.clone()));
             }
             self.seal_pending(target, waiting).await;
-            if let Err(e) = self.upload_queued(target).await {
-                break Err(e);
+            match self.upload_queued(target).await {
+                Ok(()) => {}
+                Err(EngineError::Store(StoreError::Transient(why))) => {
+                    match self.outage_wait(&why, retries) {
+                        Some(wait) => {
+                            retries += 1;
+                            tokio::time::sleep(wait).await;
+                        }
+                        None => break Err(EngineError::Store(StoreError::Transient(why))),
+                    }
+                }
+                Err(e) => break Err(e),
             }
         };
         let wait_us = started.elapsed().as_micros() as u64;
@@ -340,6 +351,7 @@ impl Engine {
         );
         if result.is_ok() {
             self.inner.upload_failing.store(false, Ordering::Release);
+            self.outage_over();
         }
         self.set_upload_state(
             seq,

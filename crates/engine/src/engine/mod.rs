@@ -17,6 +17,7 @@ mod collector;
 mod error;
 mod io;
 mod options;
+mod outage;
 mod overlay;
 mod pins;
 mod recovery;
@@ -29,6 +30,7 @@ pub use error::EngineError;
 pub use io::prefix_end;
 pub use io::{Fill, KvChange};
 pub use options::EngineOptions;
+pub use outage::StoreOutage;
 pub use pins::{check_checkpoint_name, CheckpointInfo};
 pub use recovery::change_password;
 pub use stats::EngineStats;
@@ -111,6 +113,9 @@ struct Inner {
     log_bytes_stored: AtomicU64,
     /// The last upload failed (its object is still queued).
     upload_failing: AtomicBool,
+    /// Since when uploads fail, while they do; barriers wait this long at most.
+    outage: Mutex<Option<outage::Outage>>,
+    outage_timeout: Duration,
     /// Wakes writers waiting for room when an upload commits.
     committed_notify: tokio::sync::Notify,
     /// Wakes flushes waiting for an upload to finish (stored or failed).

@@ -13,6 +13,9 @@ pub struct EngineOptions {
     pub disk_cache_dir: Option<PathBuf>,
     pub disk_cache_bytes_max: u64,
     pub read_only: bool,
+    /// How long barriers wait and retry while the object store fails before they answer the
+    /// error (`[storage] outage_timeout_s`).
+    pub outage_timeout: Duration,
     /// Serve this named checkpoint (read-only) instead of the newest state.
     pub checkpoint: Option<String>,
     /// The password's key-derivation cost, for a bucket this open creates (tests lower it).
@@ -33,6 +36,8 @@ impl EngineOptions {
             disk_cache_dir: None,
             disk_cache_bytes_max: 0,
             read_only: false,
+            // A failed upload fails its barrier at once (after the bucket's own retries).
+            outage_timeout: Duration::ZERO,
             checkpoint: None,
             // Tests ask for checkpoints themselves, and age nothing by default.
             tuning: Tuning {

@@ -325,6 +325,8 @@ impl Engine {
                 write_behind_running: AtomicBool::new(false),
                 log_bytes_stored: AtomicU64::new(log_bytes_stored),
                 upload_failing: AtomicBool::new(false),
+                outage: Mutex::new(None),
+                outage_timeout: opts.outage_timeout,
                 committed_notify: tokio::sync::Notify::new(),
                 stored_notify: tokio::sync::Notify::new(),
                 queue: Mutex::new(VecDeque::new()),
