@@ -507,13 +507,30 @@ check_corruption() {
     head -c 8M /dev/urandom >"$src"
     timeout "$BUCKETFS_CLIENT_TIMEOUT" nbdcopy --flush "$src" "$(nbd_uri victim)" ||
         die "nbdcopy into victim failed"
+    # fsck --repair needs the writer lock: refused while the server runs (exit status 2).
+    local rc=0
+    out="$(bfs fsck --repair 2>&1)" || rc=$?
+    [[ "$rc" == 2 ]] || die "fsck --repair beside a running server: exit $rc, expected 2: $out"
+    grep -qi 'writer' <<<"$out" || die "fsck --repair beside a running server: unclear refusal: $out"
     stop_bucketfs
+    out="$(bfs fsck)" || die "fsck of an undamaged bucket failed: $out"
+    grep -q '^clean: ' <<<"$out" || die "fsck of an undamaged bucket: $out"
+    log "fsck before the damage: $out"
     # shellcheck disable=SC2086 # the prefixes are a list
     key="$(bucket_tool largest $BUCKETFS_DATA_PREFIXES)" || {
         bucket_tool ls >&2
         die "no data object under '$BUCKETFS_DATA_PREFIXES' in the bucket (listing above)"
     }
     bucket_tool corrupt "$key" >&2
+    rc=0
+    out="$(bfs fsck)" || rc=$?
+    log "fsck after the damage (exit $rc): $(tail -n 1 <<<"$out")"
+    [[ "$rc" == 1 ]] || die "fsck of a corrupted bucket: exit $rc, expected 1: $out"
+    grep -q "^DAMAGED log/${key##*/}: " <<<"$out" || die "fsck does not name the corrupted object $key: $out"
+    rc=0
+    out="$(bfs fsck --json)" || rc=$?
+    "$BUCKETFS_TEST_PYTHON" -c 'import json, sys; r = json.load(sys.stdin); sys.exit(0 if r["problems"] and r["extents_damaged"] > 0 else 1)' <<<"$out" ||
+        die "fsck --json of a corrupted bucket does not report the damage: $out"
     rm -rf "$CACHE_DIR"
     start_bucketfs "$CONFIG"
     # Read every 4 KiB block: each must be either exactly what was written or an error.
@@ -538,7 +555,7 @@ for off in range(0, len(want), 4096):
 print("blocks=%d errors=%d wrong=%d" % (len(want) // 4096, errors, bad))
 sys.exit(2 if bad else (0 if errors else 3))
 PY
-    local rc=0
+    rc=0
     out="$(timeout 300 "$NBD_PYTHON" "$CASE_DIR/scan.py" "$(nbd_uri victim)" "$src" 2>&1)" || rc=$?
     log "scan after corrupting $key: $(tail -n 1 <<<"$out")"
     case "$rc" in

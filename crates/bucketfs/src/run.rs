@@ -71,18 +71,9 @@ pub fn open_bucket(cfg: &Config) -> Result<(SharedBucket, Arc<CountingBucket>), 
     Ok((bucket, counting))
 }
 
-pub async fn run(
-    config: Option<&PathBuf>,
-    read_only: bool,
-    checkpoint: Option<&str>,
-) -> Result<(), String> {
-    let cfg = crate::load_config(config)?;
-    for w in cfg.exposure_warnings() {
-        tracing::warn!("{w}");
-    }
-    let password = password(&cfg, config.is_some())?;
-    let (bucket, counting) = open_bucket(&cfg)?;
-    let opts = EngineOptions {
+/// The engine's options as the config sets them.
+pub fn engine_options(cfg: &Config, password: String, read_only: bool) -> EngineOptions {
+    EngineOptions {
         password,
         codec: match cfg.storage.compression {
             Compression::Zstd => Codec::Zstd,
@@ -94,13 +85,28 @@ pub async fn run(
         // A file:// bucket is already on local disk: a second local copy would only cost writes.
         disk_cache_dir: (!cfg.storage.url.starts_with("file://")).then(|| cfg.cache.dir.clone()),
         disk_cache_bytes_max: cfg.cache.disk_bytes_max,
-        read_only: read_only || checkpoint.is_some(),
+        read_only,
         outage_timeout: Duration::from_secs(cfg.storage.outage_timeout_s),
-        checkpoint: checkpoint.map(str::to_string),
+        checkpoint: None,
         tuning: cfg.tuning.clone(),
         kdf_cost: KdfCost::default(),
         tasks: TaskSet::default(),
-    };
+    }
+}
+
+pub async fn run(
+    config: Option<&PathBuf>,
+    read_only: bool,
+    checkpoint: Option<&str>,
+) -> Result<(), String> {
+    let cfg = crate::load_config(config)?;
+    for w in cfg.exposure_warnings() {
+        tracing::warn!("{w}");
+    }
+    let password = password(&cfg, config.is_some())?;
+    let (bucket, counting) = open_bucket(&cfg)?;
+    let mut opts = engine_options(&cfg, password, read_only || checkpoint.is_some());
+    opts.checkpoint = checkpoint.map(str::to_string);
     if let Some(name) = checkpoint {
         bucketfs_engine::check_checkpoint_name(name).map_err(|e| format!("--checkpoint: {e}"))?;
     }

@@ -15,6 +15,7 @@ mod barrier;
 mod checkpoint;
 mod collector;
 mod error;
+mod fsck;
 mod io;
 mod options;
 mod outage;
@@ -27,6 +28,7 @@ mod txn;
 mod write_behind;
 
 pub use error::EngineError;
+pub use fsck::{FsckProblem, FsckReport};
 pub use io::prefix_end;
 pub use io::{Fill, KvChange};
 pub use options::EngineOptions;

@@ -341,7 +341,7 @@ impl Engine {
     }
 
     /// Waits until no checkpoint or collection runs, then holds that off until the guard drops.
-    async fn checkpoint_slot(&self) -> ClearOnDrop<'_> {
+    pub(super) async fn checkpoint_slot(&self) -> ClearOnDrop<'_> {
         while self.inner.checkpoint_running.swap(true, Ordering::AcqRel) {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }

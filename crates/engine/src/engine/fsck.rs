@@ -1,0 +1,271 @@
+//! Verification of a whole bucket (`bucketfs fsck`): the manifest and its runs, every named
+//! checkpoint, every log object's metadata, and every frame an extent pointer names, each
+//! authenticated and decoded; then what the collector may delete (garbage), deleted only with
+//! `repair` (the one safe repair: nothing live is touched).
+//!
+//! Opening the engine already reads and authenticates the newest manifest's runs and replays
+//! the log after it, so a bucket that does not open is reported as such. Each log object is
+//! then read whole once and its frames checked in place: the cost is one pass over the bucket's
+//! bytes. The grouping of pointers by log object is a list of every live extent (about 32 bytes
+//! each) until the metadata is read from runs on demand (docs/0003, stage 2).
+
+use super::*;
+
+/// Problems listed in full; beyond this, counted.
+const PROBLEMS_LISTED_MAX: usize = 1000;
+
+/// One thing found wrong: the object, what is wrong, and the extents it costs (inode, byte
+/// offset), at most a few of them.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct FsckProblem {
+    pub object: String,
+    pub what: String,
+    pub extents_damaged: u64,
+    pub first_extents: Vec<(u64, u64)>,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct FsckReport {
+    pub manifest_seq: u64,
+    pub runs: usize,
+    pub named_checkpoints: usize,
+    pub log_objects: usize,
+    pub log_bytes: u64,
+    pub log_objects_read: usize,
+    pub extents_checked: u64,
+    pub extents_damaged: u64,
+    pub problems: Vec<FsckProblem>,
+    pub problems_not_listed: u64,
+    /// Objects nothing needs (the collector would delete them), by key.
+    pub garbage: Vec<String>,
+    pub garbage_deleted: usize,
+}
+
+impl FsckReport {
+    fn problem(&mut self, object: &str, what: String, extents: &[(u64, u64)]) {
+        self.extents_damaged += extents.len() as u64;
+        if self.problems.len() >= PROBLEMS_LISTED_MAX {
+            self.problems_not_listed += 1;
+            return;
+        }
+        self.problems.push(FsckProblem {
+            object: object.to_string(),
+            what,
+            extents_damaged: extents.len() as u64,
+            first_extents: extents
+                .iter()
+                .take(8)
+                .map(|(ino, index)| (*ino, index * EXTENT_SIZE_BYTES_U64))
+                .collect(),
+        });
+    }
+
+    pub fn is_clean(&self) -> bool {
+        self.problems.is_empty() && self.problems_not_listed == 0
+    }
+}
+
+impl Engine {
+    /// Checks the whole bucket as this engine opened it; with `repair` (a writer engine only),
+    /// deletes the garbage it finds.
+    pub async fn fsck(&self, repair: bool) -> Result<FsckReport, EngineError> {
+        if repair {
+            self.check_writable()?;
+            // The collector must not run beside: hold its slot throughout.
+        }
+        let _slot = self.checkpoint_slot().await;
+        let bucket = &self.inner.bucket;
+        let mut report = FsckReport::default();
+        let (manifest_seq, runs) = {
+            let set = self.inner.runs.lock();
+            (set.runs.last().map_or(0, |r| r.id), set.runs.clone())
+        };
+        report.manifest_seq = manifest_seq;
+        report.runs = runs.len();
+        let logs: BTreeMap<u64, u64> = bucket
+            .list("log/")
+            .await?
+            .iter()
+            .filter_map(|o| logobj::parse_seq(&o.key, "log").map(|s| (s, o.size_bytes)))
+            .collect();
+        report.log_objects = logs.len();
+        report.log_bytes = logs.values().sum();
+
+        // Named checkpoints: their manifests, runs and log objects must all be there.
+        let pins: Vec<pins::Pin> = self.inner.pins.lock().by_name.values().cloned().collect();
+        report.named_checkpoints = pins.len();
+        for pin in &pins {
+            let key = logobj::manifest_key(pin.seq);
+            match bucket.get(&key).await {
+                Ok(bytes) => {
+                    if let Err(e) =
+                        logobj::decode_manifest(&self.inner.sealer, &key, pin.seq, &bytes)
+                    {
+                        report.problem(&key, format!("checkpoint {:?}: {e}", pin.name), &[]);
+                    }
+                }
+                Err(e) => report.problem(&key, format!("checkpoint {:?}: {e}", pin.name), &[]),
+            }
+            for run in &pin.runs {
+                let key = logobj::run_key(run.id);
+                let opened = RunReader::open(
+                    bucket.clone(),
+                    self.inner.sealer.clone(),
+                    &key,
+                    run.id,
+                    run.size_bytes,
+                )
+                .await;
+                if let Err(e) = opened {
+                    report.problem(&key, format!("checkpoint {:?}: {e}", pin.name), &[]);
+                }
+            }
+            let missing = pin.objects.iter().filter(|s| !logs.contains_key(s)).count();
+            if missing > 0 {
+                report.problem(
+                    &format!("pin of {:?}", pin.name),
+                    format!("{missing} log objects it keeps are missing"),
+                    &[],
+                );
+            }
+        }
+
+        // Every live extent, grouped by the log object that holds its frame.
+        let extents = {
+            let st = self.inner.state.lock();
+            let seqs: HashSet<u64> = st.committed.live_objects().into_iter().collect();
+            st.committed.extents_of_objects(&seqs)
+        };
+        let mut at = 0;
+        while at < extents.len() {
+            let seq = extents[at].2.seq;
+            let end = at + extents[at..].partition_point(|(_, _, p)| p.seq == seq);
+            self.fsck_object(seq, logs.get(&seq).copied(), &extents[at..end], &mut report)
+                .await?;
+            at = end;
+        }
+        // The metadata of log objects no extent points into (those after the manifest were
+        // replayed at open; older ones are garbage).
+        let live: HashSet<u64> = extents.iter().map(|(_, _, p)| p.seq).collect();
+        let pinned = |s: u64| pins.iter().any(|p| p.objects.binary_search(&s).is_ok());
+        for (&seq, _) in logs.iter().filter(|(s, _)| !live.contains(s)) {
+            if seq <= manifest_seq && !pinned(seq) {
+                report.garbage.push(logobj::log_key(seq));
+            }
+        }
+
+        // Runs, manifests and format-1 checkpoints nothing names.
+        let kept_run = |id: u64| {
+            runs.iter().any(|r| r.id == id)
+                || pins.iter().any(|p| p.runs.iter().any(|r| r.id == id))
+        };
+        for o in bucket.list("run/").await? {
+            if logobj::parse_seq(&o.key, "run").is_some_and(|id| id < manifest_seq && !kept_run(id))
+            {
+                report.garbage.push(o.key);
+            }
+        }
+        for o in bucket.list("manifest/").await? {
+            if logobj::parse_seq(&o.key, "manifest")
+                .is_some_and(|s| s < manifest_seq && !pins.iter().any(|p| p.seq == s))
+            {
+                report.garbage.push(o.key);
+            }
+        }
+        if manifest_seq > 0 {
+            for o in bucket.list("checkpoint/").await? {
+                report.garbage.push(o.key);
+            }
+        }
+        if repair {
+            for key in &report.garbage {
+                bucket.delete(key, DeleteMode::Garbage).await?;
+            }
+            report.garbage_deleted = report.garbage.len();
+            let mut ctl = self.inner.upload.lock().await;
+            for key in &report.garbage {
+                if let Some(bytes) =
+                    logobj::parse_seq(key, "log").and_then(|s| ctl.known_logs.remove(&s))
+                {
+                    self.inner
+                        .log_bytes_stored
+                        .fetch_sub(bytes, Ordering::Relaxed);
+                }
+            }
+        }
+        Ok(report)
+    }
+
+    /// Reads log object `seq` whole and checks its metadata and the frames of `extents`.
+    async fn fsck_object(
+        &self,
+        seq: u64,
+        size: Option<u64>,
+        extents: &[(u64, u64, ExtentPtr)],
+        report: &mut FsckReport,
+    ) -> Result<(), EngineError> {
+        let key = logobj::log_key(seq);
+        let all: Vec<(u64, u64)> = extents.iter().map(|(i, x, _)| (*i, *x)).collect();
+        let Some(size) = size else {
+            report.problem(&key, "missing: live extents point into it".into(), &all);
+            return Ok(());
+        };
+        let bytes = match self.inner.bucket.get(&key).await {
+            Ok(b) => b,
+            Err(StoreError::NotFound(_)) => {
+                report.problem(&key, "missing: live extents point into it".into(), &all);
+                return Ok(());
+            }
+            Err(e) => return Err(e.into()),
+        };
+        report.log_objects_read += 1;
+        if bytes.len() as u64 != size {
+            report.problem(
+                &key,
+                format!("{} bytes, listed as {size}", bytes.len()),
+                &[],
+            );
+        }
+        let tail_at = (bytes.len() as u64).saturating_sub(logobj::LOG_TRAILER_BYTES);
+        let meta = logobj::parse_trailer(&key, bytes.len() as u64, &bytes[tail_at as usize..])
+            .map_err(EngineError::from)
+            .and_then(|range| {
+                let range = range.start as usize..range.end as usize;
+                bytes
+                    .get(range)
+                    .ok_or_else(|| EngineError::Corrupt(format!("{key}: metadata out of bounds")))
+                    .and_then(|sealed| {
+                        logobj::open_log_meta(&self.inner.sealer, &key, seq, sealed)
+                            .map_err(Into::into)
+                    })
+            });
+        if let Err(e) = meta {
+            report.problem(&key, format!("metadata: {e}"), &[]);
+        }
+        let mut damaged = Vec::new();
+        let mut first_error = None;
+        for &(ino, index, ptr) in extents {
+            report.extents_checked += 1;
+            let start = ptr.offset as usize;
+            let frame = bytes.get(start..start + ptr.length as usize);
+            let result = match frame {
+                Some(f) => frame::decode(&self.inner.sealer, ino, index, f)
+                    .map(|_| ())
+                    .map_err(|e| e.to_string()),
+                None => Err("frame out of bounds".to_string()),
+            };
+            if let Err(e) = result {
+                first_error.get_or_insert(e);
+                damaged.push((ino, index));
+            }
+        }
+        if let Some(e) = first_error {
+            report.problem(
+                &key,
+                format!("{} frames fail verification ({e})", damaged.len()),
+                &damaged,
+            );
+        }
+        Ok(())
+    }
+}
