@@ -91,7 +91,7 @@ enum CheckpointCommand {
         #[arg(short, long)]
         config: Option<PathBuf>,
     },
-    /// List named checkpoints: name, log object, creation time (UTC), log objects kept.
+    /// List named checkpoints: name, log object, creation time (Unix seconds), log objects kept.
     List {
         #[arg(short, long)]
         config: Option<PathBuf>,

@@ -193,6 +193,12 @@ impl DataKey {
     pub fn for_tests(seed: u8) -> DataKey {
         DataKey([seed; 32])
     }
+
+    /// A key every run of the fuzz targets shares.
+    #[cfg(feature = "fuzzing")]
+    pub fn fixed(seed: u8) -> DataKey {
+        DataKey([seed; 32])
+    }
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

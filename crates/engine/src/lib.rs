@@ -10,6 +10,8 @@ mod crypto;
 mod engine;
 mod extent_buffers;
 mod frame;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 mod lease;
 pub mod limits;
 mod logobj;

@@ -167,6 +167,11 @@ pub struct RunInfo {
 }
 
 /// A manifest as of log object `seq`: its runs, oldest first.
+#[cfg(feature = "fuzzing")]
+pub fn manifest_aad(seq: u64) -> Vec<u8> {
+    meta_aad(b"bfs-manifest", seq)
+}
+
 pub fn encode_manifest(sealer: &Sealer, seq: u64, runs: &[RunInfo]) -> Vec<u8> {
     let mut plain = Vec::with_capacity(4 + runs.len() * 16);
     plain.extend_from_slice(&(runs.len() as u32).to_le_bytes());

@@ -165,6 +165,12 @@ impl Engine {
     }
 }
 
+/// Decodes a pin whose compressed body is `plain` (the fuzz target's entry; crate::fuzzing).
+#[cfg(feature = "fuzzing")]
+pub(crate) fn fuzz_pin(sealer: &Sealer, plain: &[u8]) {
+    pins::fuzz_decode(sealer, plain);
+}
+
 /// Clears a flag when dropped.
 struct ClearOnDrop<'a>(&'a AtomicBool);
 

@@ -120,6 +120,15 @@ impl Pin {
     }
 }
 
+#[cfg(feature = "fuzzing")]
+pub(super) fn fuzz_decode(sealer: &Sealer, plain: &[u8]) {
+    let packed = zstd::bulk::compress(plain, 1).expect("compressing to memory cannot fail");
+    let mut buf = PIN_MAGIC.to_vec();
+    buf.extend_from_slice(&(plain.len() as u64).to_le_bytes());
+    sealer.seal_into(&mut buf, &pin_aad("x"), &packed);
+    let _ = Pin::decode(sealer, "x", &buf);
+}
+
 fn pin_aad(id: &str) -> Vec<u8> {
     let mut a = b"bfs-pin".to_vec();
     a.extend_from_slice(id.as_bytes());

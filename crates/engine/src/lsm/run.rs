@@ -208,6 +208,27 @@ impl<'a> Reader<'a> {
     }
 }
 
+#[cfg(feature = "fuzzing")]
+pub fn fuzz_block(plain: &[u8]) -> Result<Vec<(Vec<u8>, Entry)>, &'static str> {
+    decode_block(plain)
+}
+
+/// A run object with no blocks of its own whose sealed index holds `index` as its plaintext.
+#[cfg(feature = "fuzzing")]
+pub fn fuzz_object_with_index(sealer: &Sealer, run_id: u64, index: &[u8]) -> Vec<u8> {
+    let mut out = RUN_MAGIC.to_vec();
+    out.extend_from_slice(&run_id.to_le_bytes());
+    // Room for the blocks an index may name, so that offsets can point somewhere.
+    out.extend_from_slice(&vec![0u8; 4096]);
+    let index_offset = out.len() as u64;
+    seal_compressed(sealer, &index_aad(run_id), index, &mut out);
+    let index_len = out.len() as u64 - index_offset;
+    out.extend_from_slice(&index_offset.to_le_bytes());
+    out.extend_from_slice(&index_len.to_le_bytes());
+    out.extend_from_slice(RUN_END_MAGIC);
+    out
+}
+
 /// Decodes a block's entries, checking their order.
 fn decode_block(plain: &[u8]) -> Result<Vec<(Vec<u8>, Entry)>, &'static str> {
     let mut r = Reader { buf: plain, at: 0 };

@@ -1,0 +1,51 @@
+//! A whole NBD session from a hostile client: the fuzzer's bytes are everything the client
+//! sends (handshake, options, requests), against the in-memory exports of the NBD tests. The
+//! server must end the session (error or end of input) without panicking or hanging.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+#[allow(dead_code)]
+#[path = "../../crates/nbd/tests/common/mod.rs"]
+mod common;
+
+/// One set of exports for every run: allocating them (18 MiB) per input would dominate.
+fn exports() -> std::sync::Arc<dyn bucketfs_nbd::Exports> {
+    static FIXTURE: std::sync::OnceLock<common::Fixture> = std::sync::OnceLock::new();
+    FIXTURE.get_or_init(common::fixture).exports.clone()
+}
+
+fuzz_target!(|data: &[u8]| {
+    // Paused time: the fixture's slow reads and any timer advance at once when idle.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("a runtime");
+    rt.block_on(async {
+        let (mut client, server) = tokio::io::duplex(1 << 16);
+        let serve = bucketfs_nbd::serve_connection(server, exports());
+        let talk = async move {
+            let (mut rx, mut tx) = tokio::io::split(&mut client);
+            let send = async {
+                let _ = tx.write_all(data).await;
+                let _ = tx.shutdown().await;
+            };
+            let drain = async {
+                let mut sink = vec![0u8; 1 << 16];
+                while let Ok(n) = rx.read(&mut sink).await {
+                    if n == 0 {
+                        break;
+                    }
+                }
+            };
+            tokio::join!(send, drain);
+        };
+        let ended = tokio::time::timeout(std::time::Duration::from_secs(600), async {
+            tokio::join!(serve, talk)
+        })
+        .await;
+        assert!(ended.is_ok(), "the session did not end after the input did");
+    });
+});
