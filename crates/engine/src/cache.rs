@@ -7,6 +7,9 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 
 pub struct DiskCache {
+    /// Held (locked) while this cache uses the directory: a second process given the same
+    /// directory would otherwise empty it under the first (`open` clears it).
+    _lock: std::fs::File,
     dir: PathBuf,
     bytes_max: u64,
     index: Mutex<Index>,
@@ -65,13 +68,28 @@ impl Index {
 }
 
 impl DiskCache {
+    /// Takes the directory for this process (an error of kind `WouldBlock` if another process
+    /// holds it) and empties it: what an earlier run left is not trusted.
     pub fn open(dir: PathBuf, bytes_max: u64) -> std::io::Result<DiskCache> {
+        std::fs::create_dir_all(&dir)?;
+        let lock = std::fs::File::create(dir.join("lock"))?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::WouldBlock,
+                    "in use by another bucketfs process",
+                ))
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(e),
+        }
         let dir = dir.join("objects");
         if dir.exists() {
             std::fs::remove_dir_all(&dir)?;
         }
         std::fs::create_dir_all(&dir)?;
         Ok(DiskCache {
+            _lock: lock,
             dir,
             bytes_max,
             index: Mutex::new(Index {
@@ -224,6 +242,13 @@ mod tests {
         );
         cache.put_object(9, &[9; 5]);
         assert_eq!(cache.bytes(), 15, "a piece put again replaces its size");
+
+        // A second process given the same directory is refused (and empties nothing).
+        let err = DiskCache::open(dir.clone(), 100).err().expect("refused");
+        assert_eq!(err.kind(), std::io::ErrorKind::WouldBlock);
+        assert_eq!(cache.get(9, 0, 5), Some(vec![9; 5]));
+        drop(cache);
+        assert!(DiskCache::open(dir.clone(), 100).is_ok(), "free once closed");
         std::fs::remove_dir_all(dir).unwrap();
     }
 }

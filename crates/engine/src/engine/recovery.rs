@@ -262,14 +262,23 @@ impl Engine {
             "opened bucket"
         );
         let disk_cache = match &opts.disk_cache_dir {
-            Some(dir) if opts.disk_cache_bytes_max > 0 => Some(
-                DiskCache::open(dir.clone(), opts.disk_cache_bytes_max).map_err(|e| {
-                    EngineError::Store(StoreError::Permanent(format!(
-                        "cache directory {}: {e}",
-                        dir.display()
-                    )))
-                })?,
-            ),
+            Some(dir) if opts.disk_cache_bytes_max > 0 => {
+                match DiskCache::open(dir.clone(), opts.disk_cache_bytes_max) {
+                    Ok(cache) => Some(cache),
+                    // A reader beside a writer given the same config: sharing the directory
+                    // would empty the other's cache; one of them goes without.
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        tracing::warn!(dir = %dir.display(), "the cache directory is in use by another bucketfs process: running without a disk cache (give this one its own cache.dir)");
+                        None
+                    }
+                    Err(e) => {
+                        return Err(EngineError::Store(StoreError::Permanent(format!(
+                            "cache directory {}: {e}",
+                            dir.display()
+                        ))))
+                    }
+                }
+            }
             _ => None,
         };
         // Writes retry against the memory tier until their base is there: never let it be tiny.

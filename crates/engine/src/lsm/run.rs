@@ -327,7 +327,9 @@ impl RunReader {
             if !in_order
                 || b.first_key > b.last_key
                 || b.offset < HEADER_BYTES as u64
-                || b.offset + u64::from(b.length) > offset
+                || b.offset
+                    .checked_add(u64::from(b.length))
+                    .is_none_or(|end| end > offset)
             {
                 return Err(bad_index());
             }
