@@ -11,7 +11,10 @@ use crate::meta::{decode_ops, encode_ops};
 use std::sync::Arc;
 
 fn sealer() -> Arc<Sealer> {
-    Arc::new(Sealer::new(&DataKey::fixed(7)))
+    thread_local! {
+        static SEALER: Arc<Sealer> = Arc::new(Sealer::new(&DataKey::fixed(7)));
+    }
+    SEALER.with(Arc::clone)
 }
 
 /// Log-object metadata (the ops a barrier commits): what decodes must encode back the same.
@@ -57,22 +60,27 @@ pub fn run_block(data: &[u8]) {
 
 /// A run object whose sealed index is `data` (compressed here), then every block it names.
 pub fn run_index(data: &[u8]) {
+    // One runtime and bucket per thread: made per input, they cost more than the parsing.
+    thread_local! {
+        static WORLD: (tokio::runtime::Runtime, crate::bucket::SharedBucket) = (
+            tokio::runtime::Builder::new_current_thread().build().expect("a runtime"),
+            open_url("memory://", &Vec::new()).expect("a memory bucket"),
+        );
+    }
     let s = sealer();
     let object = run::fuzz_object_with_index(&s, 1, data);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .expect("a runtime");
-    rt.block_on(async {
-        let bucket = open_url("memory://", &Vec::new()).expect("memory bucket");
-        let size = object.len() as u64;
-        bucket
-            .put("run/x", object.into(), PutMode::Create)
-            .await
-            .expect("memory put");
-        if let Ok(reader) = run::RunReader::open(bucket, s, "run/x", 1, size).await {
-            for block in 0..reader.block_count() {
-                let _ = reader.block(block).await;
+    WORLD.with(|(rt, bucket)| {
+        rt.block_on(async {
+            let size = object.len() as u64;
+            bucket
+                .put("run/x", object.into(), PutMode::Overwrite)
+                .await
+                .expect("memory put");
+            if let Ok(reader) = run::RunReader::open(bucket.clone(), s, "run/x", 1, size).await {
+                for block in 0..reader.block_count() {
+                    let _ = reader.block(block).await;
+                }
             }
-        }
+        })
     });
 }
