@@ -248,7 +248,10 @@ mod tests {
         assert_eq!(err.kind(), std::io::ErrorKind::WouldBlock);
         assert_eq!(cache.get(9, 0, 5), Some(vec![9; 5]));
         drop(cache);
-        assert!(DiskCache::open(dir.clone(), 100).is_ok(), "free once closed");
+        assert!(
+            DiskCache::open(dir.clone(), 100).is_ok(),
+            "free once closed"
+        );
         std::fs::remove_dir_all(dir).unwrap();
     }
 }
