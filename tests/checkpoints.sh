@@ -89,7 +89,19 @@ run_case() {
     grep -q 'no checkpoint named "before-b"' <<<"$out" || die "unclear error for a deleted checkpoint: $out"
     nbdcopy "$(nbd_uri db)" "$CASE_DIR/live.img" || die "nbdcopy from the live server failed"
     cmp -s "$CASE_DIR/live.img" "$CASE_DIR/b.img" || die "the live device changed when the checkpoint was deleted"
+
+    # fsck: clean with a named checkpoint; a damaged metadata run is named (exit 1).
+    bfs checkpoint create for-fsck >/dev/null || die "checkpoint create failed"
     stop_bucketfs
+    out="$(bfs fsck)" || die "fsck of a healthy bucket with a named checkpoint failed: $out"
+    grep -q '^clean: .* 1 named checkpoints' <<<"$out" || die "fsck: $out"
+    local run rc=0
+    run="$(bucket_tool largest run/)" || die "no run object in the bucket"
+    bucket_tool corrupt "$run" >&2
+    out="$(bfs fsck 2>&1)" || rc=$?
+    log "fsck after damaging $run (exit $rc): $out"
+    [[ "$rc" == 1 ]] || die "fsck of a damaged run: exit $rc, expected 1: $out"
+    grep -q "^DAMAGED run/${run##*/}" <<<"$out" || die "fsck does not name the damaged run $run: $out"
 }
 
 for_each_backend run_case

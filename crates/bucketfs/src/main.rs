@@ -226,9 +226,34 @@ async fn fsck(config: Option<&PathBuf>, json: bool, repair: bool) -> Result<bool
     let password = run::password(&cfg, config.is_some())?;
     let (bucket, _) = run::open_bucket(&cfg)?;
     let opts = run::engine_options(&cfg, password, !repair);
-    let engine = bucketfs_engine::Engine::open(bucket, opts)
-        .await
-        .map_err(|e| format!("{}: the bucket does not open: {e}", cfg.storage.url))?;
+    let engine = match bucketfs_engine::Engine::open(bucket, opts).await {
+        Ok(e) => e,
+        // Damaged metadata (a run, a manifest, a log object's records): named, as damage.
+        Err(bucketfs_engine::EngineError::Corrupt(why)) => {
+            if json {
+                let report = serde_json::json!({
+                    "opens": false,
+                    "problems": [{"object": why.split(':').next().unwrap_or(""), "what": why}],
+                });
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&report).expect("serialises")
+                );
+            } else {
+                println!("DAMAGED {why}");
+                println!(
+                    "DAMAGED: the bucket's metadata does not load, so nothing else was checked"
+                );
+            }
+            return Ok(false);
+        }
+        Err(e) => {
+            return Err(format!(
+                "{}: the bucket does not open: {e}",
+                cfg.storage.url
+            ))
+        }
+    };
     let report = engine.fsck(repair).await.map_err(|e| e.to_string())?;
     if repair {
         engine.close().await.map_err(|e| e.to_string())?;
