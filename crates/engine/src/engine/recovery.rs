@@ -42,17 +42,17 @@ pub(super) async fn unlock(
     }
 }
 
+async fn rewrite_superblock(bucket: &SharedBucket, sb: &Superblock) -> Result<(), EngineError> {
+    let json = Bytes::from(sb.to_json());
+    bucket.put(SUPERBLOCK_KEY, json, PutMode::Overwrite).await?;
+    Ok(())
+}
+
 /// Records in the superblock that the bucket is of this build's format.
 pub(super) async fn migrate_superblock(bucket: &SharedBucket) -> Result<(), EngineError> {
     let bytes = bucket.get(SUPERBLOCK_KEY).await?;
     let sb = Superblock::from_json(&bytes)?.migrated(crate::crypto::FORMAT_VERSION);
-    bucket
-        .put(
-            SUPERBLOCK_KEY,
-            Bytes::from(sb.to_json()),
-            PutMode::Overwrite,
-        )
-        .await?;
+    rewrite_superblock(bucket, &sb).await?;
     tracing::info!(
         format = crate::crypto::FORMAT_VERSION,
         "bucket migrated to this build's format"
@@ -71,13 +71,7 @@ pub async fn change_password(
         other => other?,
     };
     let sb = Superblock::from_json(&bytes)?.rewrap(old, new)?;
-    bucket
-        .put(
-            SUPERBLOCK_KEY,
-            Bytes::from(sb.to_json()),
-            PutMode::Overwrite,
-        )
-        .await?;
+    rewrite_superblock(bucket, &sb).await?;
     Ok(())
 }
 
