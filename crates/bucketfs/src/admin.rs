@@ -66,6 +66,7 @@ impl Admin {
             Request::List => serde_json::Value::Array(
                 self.fs
                     .block_devices()
+                    .await
                     .map_err(fs_error_message)?
                     .into_iter()
                     .map(device)
@@ -93,7 +94,7 @@ impl Admin {
                 "object_store": self.counts.counts(),
                 "engine": self.fs.engine().stats(),
                 "store_outage": self.fs.engine().store_outage(),
-                "block_devices": self.fs.block_devices().map_err(fs_error_message)?.into_iter().map(device).collect::<Vec<_>>(),
+                "block_devices": self.fs.block_devices().await.map_err(fs_error_message)?.into_iter().map(device).collect::<Vec<_>>(),
             }),
         })
     }

@@ -33,7 +33,7 @@ fn to_export_error(e: FsError) -> ExportError {
 #[async_trait]
 impl Exports for BlockDevices {
     async fn list(&self) -> Result<Vec<ExportSummary>, ExportError> {
-        let devs = self.fs.block_devices().map_err(to_export_error)?;
+        let devs = self.fs.block_devices().await.map_err(to_export_error)?;
         Ok(devs
             .into_iter()
             .map(|d| ExportSummary {
@@ -44,7 +44,7 @@ impl Exports for BlockDevices {
     }
 
     async fn open(&self, name: &str) -> Result<Arc<dyn Export>, ExportError> {
-        let dev = match self.fs.block_device(name) {
+        let dev = match self.fs.block_device(name).await {
             Ok(d) => d,
             Err(FsError::NotFound(_)) => return Err(ExportError::NotFound),
             Err(e) => return Err(to_export_error(e)),
@@ -143,6 +143,7 @@ impl Export for BlockDevice {
         let runs = self
             .fs
             .allocation(self.ino, offset, u64::from(length))
+            .await
             .map_err(to_export_error)?;
         Ok(runs
             .into_iter()

@@ -82,6 +82,7 @@ pub fn engine_options(cfg: &Config, password: String, read_only: bool) -> Engine
         },
         flush_interval: Duration::from_millis(cfg.storage.flush_interval_ms),
         memory_cache_bytes_max: cfg.cache.memory_bytes_max,
+        metadata_cache_bytes_max: cfg.cache.metadata_bytes_max,
         // A file:// bucket is already on local disk: a second local copy would only cost writes.
         disk_cache_dir: (!cfg.storage.url.starts_with("file://")).then(|| cfg.cache.dir.clone()),
         disk_cache_bytes_max: cfg.cache.disk_bytes_max,

@@ -42,10 +42,10 @@ pub fn log_object(data: &[u8]) {
 /// A manifest whose sealed body is `data`.
 pub fn manifest(data: &[u8]) {
     let s = sealer();
-    let mut object = crate::logobj::encode_manifest(&s, 1, &[]);
-    object.truncate(16);
-    s.seal_into(&mut object, &crate::logobj::manifest_aad(1), data);
-    let _ = crate::logobj::decode_manifest(&s, "manifest/x", 1, &object);
+    for version_2 in [false, true] {
+        let object = crate::logobj::fuzz_manifest(&s, 1, data, version_2);
+        let _ = crate::logobj::decode_manifest(&s, "manifest/x", 1, &object);
+    }
 }
 
 /// A named checkpoint's pin whose compressed body is `data`.

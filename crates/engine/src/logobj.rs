@@ -8,7 +8,7 @@
 //!   metadata as of log object `seq`, so opening a bucket replays only the log objects after it.
 
 use crate::crypto::Sealer;
-use crate::meta::{decode_ops, encode_ops, MetaOp};
+use crate::meta::{decode_ops, encode_ops, MetaOp, ObjectTable};
 
 const LOG_MAGIC: &[u8; 8] = b"BFSLOG01";
 const LOG_END_MAGIC: &[u8; 8] = b"BFSEND01";
@@ -146,7 +146,10 @@ pub fn decode_checkpoint(
     })
 }
 
+/// Formats 2 and 3: the run list only.
 const MANIFEST_MAGIC: &[u8; 8] = b"BFSMAN01";
+/// Format 4: the run list and the object table, compressed.
+const MANIFEST_MAGIC_2: &[u8; 8] = b"BFSMAN02";
 
 /// `manifest/<seq>`: the runs that hold the metadata as of log object `seq` (format 2).
 pub fn manifest_key(seq: u64) -> String {
@@ -166,24 +169,70 @@ pub struct RunInfo {
     pub size_bytes: u64,
 }
 
-/// A manifest as of log object `seq`: its runs, oldest first.
+/// A manifest of either version whose sealed plaintext is `plain` (the fuzz target's input).
 #[cfg(feature = "fuzzing")]
-pub fn manifest_aad(seq: u64) -> Vec<u8> {
-    meta_aad(b"bfs-manifest", seq)
+pub fn fuzz_manifest(sealer: &Sealer, seq: u64, plain: &[u8], version_2: bool) -> Vec<u8> {
+    let mut buf = Vec::new();
+    if version_2 {
+        buf.extend_from_slice(MANIFEST_MAGIC_2);
+        buf.extend_from_slice(&seq.to_le_bytes());
+        buf.extend_from_slice(&(plain.len() as u64).to_le_bytes());
+        let compressed = zstd::bulk::compress(plain, 1).expect("zstd compresses any input");
+        sealer.seal_into(
+            &mut buf,
+            &manifest_2_aad(seq, plain.len() as u64),
+            &compressed,
+        );
+    } else {
+        buf.extend_from_slice(MANIFEST_MAGIC);
+        buf.extend_from_slice(&seq.to_le_bytes());
+        sealer.seal_into(&mut buf, &meta_aad(b"bfs-manifest", seq), plain);
+    }
+    buf
 }
 
-pub fn encode_manifest(sealer: &Sealer, seq: u64, runs: &[RunInfo]) -> Vec<u8> {
+/// A decoded manifest: its runs, oldest first, and the object table as of it (absent in
+/// manifests of formats 2 and 3, which open rebuilds it for).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Manifest {
+    pub runs: Vec<RunInfo>,
+    pub objects: Option<ObjectTable>,
+}
+
+/// Most bytes a manifest's plaintext may take once decompressed: the run list and an object
+/// table of 25 bytes per live log object (about 3 MB at 1 TiB of 8 MiB objects).
+const MANIFEST_PLAIN_BYTES_MAX: usize = 1 << 30;
+
+pub fn encode_manifest(
+    sealer: &Sealer,
+    seq: u64,
+    runs: &[RunInfo],
+    objects: &ObjectTable,
+) -> Vec<u8> {
     let mut plain = Vec::with_capacity(4 + runs.len() * 16);
     plain.extend_from_slice(&(runs.len() as u32).to_le_bytes());
     for r in runs {
         plain.extend_from_slice(&r.id.to_le_bytes());
         plain.extend_from_slice(&r.size_bytes.to_le_bytes());
     }
-    let mut buf = Vec::with_capacity(16 + Sealer::sealed_len(plain.len()));
-    buf.extend_from_slice(MANIFEST_MAGIC);
+    objects.encode(&mut plain);
+    let compressed = zstd::bulk::compress(&plain, 3).expect("zstd compresses any input");
+    let mut buf = Vec::with_capacity(24 + Sealer::sealed_len(compressed.len()));
+    buf.extend_from_slice(MANIFEST_MAGIC_2);
     buf.extend_from_slice(&seq.to_le_bytes());
-    sealer.seal_into(&mut buf, &meta_aad(b"bfs-manifest", seq), &plain);
+    buf.extend_from_slice(&(plain.len() as u64).to_le_bytes());
+    sealer.seal_into(
+        &mut buf,
+        &manifest_2_aad(seq, plain.len() as u64),
+        &compressed,
+    );
     buf
+}
+
+fn manifest_2_aad(seq: u64, plain_len: u64) -> Vec<u8> {
+    let mut aad = meta_aad(b"bfs-manifest-2", seq);
+    aad.extend_from_slice(&plain_len.to_le_bytes());
+    aad
 }
 
 pub fn decode_manifest(
@@ -191,26 +240,46 @@ pub fn decode_manifest(
     key: &str,
     seq: u64,
     buf: &[u8],
-) -> Result<Vec<RunInfo>, ObjectError> {
+) -> Result<Manifest, ObjectError> {
     let bad = || ObjectError::Malformed {
         key: key.to_string(),
     };
-    if buf.len() < 16 || &buf[..8] != MANIFEST_MAGIC || buf[8..16] != seq.to_le_bytes() {
+    let unauthentic = || ObjectError::Authentication {
+        key: key.to_string(),
+    };
+    if buf.len() < 16 || buf[8..16] != seq.to_le_bytes() {
         return Err(bad());
     }
-    let plain = sealer
-        .open(&meta_aad(b"bfs-manifest", seq), &buf[16..])
-        .map_err(|_| ObjectError::Authentication {
-            key: key.to_string(),
-        })?;
+    let plain = if &buf[..8] == MANIFEST_MAGIC {
+        sealer
+            .open(&meta_aad(b"bfs-manifest", seq), &buf[16..])
+            .map_err(|_| unauthentic())?
+    } else if &buf[..8] == MANIFEST_MAGIC_2 && buf.len() >= 24 {
+        let plain_len = u64::from_le_bytes(buf[16..24].try_into().expect("8 bytes"));
+        if plain_len > MANIFEST_PLAIN_BYTES_MAX as u64 {
+            return Err(bad());
+        }
+        let compressed = sealer
+            .open(&manifest_2_aad(seq, plain_len), &buf[24..])
+            .map_err(|_| unauthentic())?;
+        let plain = zstd::bulk::decompress(&compressed, plain_len as usize).map_err(|_| bad())?;
+        if plain.len() as u64 != plain_len {
+            return Err(bad());
+        }
+        plain
+    } else {
+        return Err(bad());
+    };
     if plain.len() < 4 {
         return Err(bad());
     }
     let count = u32::from_le_bytes(plain[..4].try_into().expect("4 bytes")) as usize;
-    if plain.len() != 4 + count * 16 {
-        return Err(bad());
-    }
-    let runs: Vec<RunInfo> = plain[4..]
+    let runs_end = count
+        .checked_mul(16)
+        .and_then(|n| n.checked_add(4))
+        .filter(|&end| end <= plain.len())
+        .ok_or_else(bad)?;
+    let runs: Vec<RunInfo> = plain[4..runs_end]
         .chunks_exact(16)
         .map(|c| RunInfo {
             id: u64::from_le_bytes(c[..8].try_into().expect("8 bytes")),
@@ -220,5 +289,13 @@ pub fn decode_manifest(
     if runs.windows(2).any(|w| w[0].id >= w[1].id) || runs.iter().any(|r| r.id > seq) {
         return Err(bad());
     }
-    Ok(runs)
+    let objects = if &buf[..8] == MANIFEST_MAGIC {
+        if runs_end != plain.len() {
+            return Err(bad());
+        }
+        None
+    } else {
+        Some(ObjectTable::decode(&plain[runs_end..]).map_err(|_| bad())?)
+    };
+    Ok(Manifest { runs, objects })
 }

@@ -51,7 +51,7 @@ async fn a_named_checkpoint_keeps_its_state_until_deleted() {
 
     let snap = open_checkpoint(&w, "before-upgrade").await.unwrap();
     assert!(snap.read(5, 0, LEN).await.unwrap() == pattern(1, LEN));
-    assert_eq!(snap.kv_get(b"k"), Some(b"v1".to_vec()));
+    assert_eq!(snap.kv_get(b"k").await.unwrap(), Some(b"v1".to_vec()));
     assert!(e.read(5, 0, LEN).await.unwrap() == pattern(2, LEN));
 
     // Refusals, each with its own error.

@@ -153,7 +153,7 @@ async fn observe(e: &Engine) -> Model {
     }
     Model {
         files,
-        kv: e.kv_scan(b"").into_iter().collect(),
+        kv: e.kv_scan(b"").await.unwrap().into_iter().collect(),
     }
 }
 

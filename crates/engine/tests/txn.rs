@@ -32,7 +32,7 @@ async fn a_range_deletion_is_one_small_op_whatever_it_covers() {
         "deleting 2,000 extents wrote a {cost}-byte log object"
     );
     assert_eq!(
-        e.allocation(7, 0, 2000 * EXTENT),
+        e.allocation(7, 0, 2000 * EXTENT).await.unwrap(),
         vec![(2000 * EXTENT, false)]
     );
     assert!(e.read(7, 0, 3 * EXTENT_SIZE_BYTES).await.unwrap() == vec![0; 3 * EXTENT_SIZE_BYTES]);
@@ -40,7 +40,7 @@ async fn a_range_deletion_is_one_small_op_whatever_it_covers() {
     crash(&w, e).await;
     let e = open(&w).await;
     assert_eq!(
-        e.allocation(7, 0, 2000 * EXTENT),
+        e.allocation(7, 0, 2000 * EXTENT).await.unwrap(),
         vec![(2000 * EXTENT, false)]
     );
     assert_eq!(e.read(8, 0, 100).await.unwrap(), pattern(4, 100));
@@ -51,7 +51,7 @@ async fn a_range_deletion_is_one_small_op_whatever_it_covers() {
     crash(&w, e).await;
     let e = open(&w).await;
     assert_eq!(
-        e.allocation(7, 0, 2000 * EXTENT),
+        e.allocation(7, 0, 2000 * EXTENT).await.unwrap(),
         vec![(2000 * EXTENT, false)]
     );
     assert_eq!(e.read(8, 0, 100).await.unwrap(), pattern(4, 100));
@@ -117,8 +117,11 @@ async fn a_transaction_applies_whole_under_its_conditions_or_not_at_all() {
         "{err}"
     );
     assert!(err.to_string().contains("d/a"), "{err}");
-    assert_eq!(e.kv_get(b"i/11"), None);
-    assert_eq!(e.allocation(11, 0, EXTENT), vec![(EXTENT, false)]);
+    assert_eq!(e.kv_get(b"i/11").await.unwrap(), None);
+    assert_eq!(
+        e.allocation(11, 0, EXTENT).await.unwrap(),
+        vec![(EXTENT, false)]
+    );
     // An expected value: matches, then no longer does.
     let mut bump = Txn::new();
     bump.expect(b"i/10".to_vec(), Expect::Value(b"inode".to_vec()))
@@ -135,11 +138,17 @@ async fn a_transaction_applies_whole_under_its_conditions_or_not_at_all() {
         .unwrap();
     crash(&w, e).await;
     let e = open(&w).await;
-    assert_eq!(e.kv_get(b"d/a"), Some(10u64.to_be_bytes().to_vec()));
-    assert_eq!(e.kv_get(b"i/10"), Some(b"inode2".to_vec()));
+    assert_eq!(
+        e.kv_get(b"d/a").await.unwrap(),
+        Some(10u64.to_be_bytes().to_vec())
+    );
+    assert_eq!(e.kv_get(b"i/10").await.unwrap(), Some(b"inode2".to_vec()));
     assert_eq!(e.read(10, 0, 5000).await.unwrap(), pattern(1, 5000));
-    assert_eq!(e.kv_get(b"d/b"), None);
-    assert_eq!(e.allocation(12, 0, 3 * EXTENT), vec![(3 * EXTENT, false)]);
+    assert_eq!(e.kv_get(b"d/b").await.unwrap(), None);
+    assert_eq!(
+        e.allocation(12, 0, 3 * EXTENT).await.unwrap(),
+        vec![(3 * EXTENT, false)]
+    );
     // Flushed: there whole.
     e.commit(&create("b", 12, &pattern(3, 3 * EXTENT_SIZE_BYTES)))
         .await
@@ -147,7 +156,10 @@ async fn a_transaction_applies_whole_under_its_conditions_or_not_at_all() {
     e.flush().await.unwrap();
     crash(&w, e).await;
     let e = open(&w).await;
-    assert_eq!(e.kv_get(b"d/b"), Some(12u64.to_be_bytes().to_vec()));
+    assert_eq!(
+        e.kv_get(b"d/b").await.unwrap(),
+        Some(12u64.to_be_bytes().to_vec())
+    );
     assert!(
         e.read(12, 0, 3 * EXTENT_SIZE_BYTES).await.unwrap() == pattern(3, 3 * EXTENT_SIZE_BYTES)
     );
@@ -184,10 +196,10 @@ async fn a_truncation_is_one_transaction_of_size_tail_and_range() {
     expect[size as usize..].fill(0);
     assert!(e.read(3, 0, 6 * EXTENT_SIZE_BYTES).await.unwrap() == expect);
     assert_eq!(
-        e.allocation(3, 0, 6 * EXTENT),
+        e.allocation(3, 0, 6 * EXTENT).await.unwrap(),
         vec![(3 * EXTENT, true), (3 * EXTENT, false)]
     );
-    assert_eq!(e.kv_get(b"size3"), Some(b"2.5".to_vec()));
+    assert_eq!(e.kv_get(b"size3").await.unwrap(), Some(b"2.5".to_vec()));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -207,35 +219,35 @@ async fn scans_take_a_range_and_a_limit_over_unflushed_range_deletions() {
         KvChange::Put(b"dd2".to_vec(), b"new".to_vec()),
     ])
     .unwrap();
-    let names = |pairs: Vec<(Vec<u8>, Vec<u8>)>| {
+    fn names(pairs: Vec<(Vec<u8>, Vec<u8>)>) -> Vec<String> {
         pairs
             .into_iter()
             .map(|(k, _)| String::from_utf8(k).unwrap())
-            .collect::<Vec<_>>()
-    };
-    let check = |e: &bucketfs_engine::Engine| {
+            .collect()
+    }
+    async fn check(e: &bucketfs_engine::Engine) {
         assert_eq!(
-            names(e.kv_range(b"db", Some(b"dh"), 3)),
+            names(e.kv_range(b"db", Some(b"dh"), 3).await.unwrap()),
             ["db", "dd2", "df"]
         );
         assert_eq!(
-            names(e.kv_range(b"db", Some(b"dh"), 100)),
+            names(e.kv_range(b"db", Some(b"dh"), 100).await.unwrap()),
             ["db", "dd2", "df", "dg"]
         );
         assert_eq!(
-            names(e.kv_range(b"dg", None, 100)),
+            names(e.kv_range(b"dg", None, 100).await.unwrap()),
             ["dg", "dh", "di", "dj"]
         );
-        assert_eq!(e.kv_scan(b"d").len(), 8);
-        assert_eq!(e.kv_get(b"dc"), None);
-    };
-    check(&e);
+        assert_eq!(e.kv_scan(b"d").await.unwrap().len(), 8);
+        assert_eq!(e.kv_get(b"dc").await.unwrap(), None);
+    }
+    check(&e).await;
     e.flush().await.unwrap();
     crash(&w, e).await;
     let e = open(&w).await;
-    check(&e);
+    check(&e).await;
     flush_until_checkpoints(&e, 2).await;
     crash(&w, e).await;
     let e = open(&w).await;
-    check(&e);
+    check(&e).await;
 }

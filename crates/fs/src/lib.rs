@@ -140,7 +140,7 @@ pub struct Fs {
 impl Fs {
     /// Opens the filesystem, creating `/` and `/.nbd/` in a new bucket.
     pub async fn open(engine: Engine) -> Result<Fs, FsError> {
-        if engine.kv_get(&inode_key(ROOT_INO)).is_none() && !engine.read_only() {
+        if engine.kv_get(&inode_key(ROOT_INO)).await?.is_none() && !engine.read_only() {
             let dir = Inode {
                 kind: Kind::Directory,
                 size_bytes: 0,
@@ -159,7 +159,7 @@ impl Fs {
             ])?;
             engine.flush().await?;
         }
-        let nbd_dir = match engine.kv_get(&dirent_key(ROOT_INO, NBD_DIR_NAME)) {
+        let nbd_dir = match engine.kv_get(&dirent_key(ROOT_INO, NBD_DIR_NAME)).await? {
             Some(v) => decode_ino(ROOT_INO, &v)?,
             // A read-only open of a bucket whose first writer never got this far.
             None => return Err(FsError::NotFound("/.nbd".into())),
@@ -170,7 +170,7 @@ impl Fs {
             sizes: RwLock::default(),
             namespace: tokio::sync::Mutex::new(()),
         };
-        let devices = fs.block_devices()?;
+        let devices = fs.block_devices().await?;
         fs.sizes
             .write()
             .extend(devices.iter().map(|d| (d.ino, d.size_bytes)));
@@ -181,39 +181,41 @@ impl Fs {
         &self.engine
     }
 
-    fn inode(&self, ino: u64) -> Result<Inode, FsError> {
+    async fn inode(&self, ino: u64) -> Result<Inode, FsError> {
         let v = self
             .engine
             .kv_get(&inode_key(ino))
+            .await?
             .ok_or_else(|| FsError::NotFound(format!("inode {ino}")))?;
         Inode::decode(ino, &v)
     }
 
-    pub fn block_devices(&self) -> Result<Vec<BlockDevice>, FsError> {
+    pub async fn block_devices(&self) -> Result<Vec<BlockDevice>, FsError> {
         let prefix = dirent_prefix(self.nbd_dir);
         let mut out = Vec::new();
-        for (k, v) in self.engine.kv_scan(&prefix) {
+        for (k, v) in self.engine.kv_scan(&prefix).await? {
             let name = String::from_utf8_lossy(&k[prefix.len()..]).into_owned();
             let ino = decode_ino(self.nbd_dir, &v)?;
             out.push(BlockDevice {
                 name,
                 ino,
-                size_bytes: self.inode(ino)?.size_bytes,
+                size_bytes: self.inode(ino).await?.size_bytes,
             });
         }
         Ok(out)
     }
 
-    pub fn block_device(&self, name: &str) -> Result<BlockDevice, FsError> {
+    pub async fn block_device(&self, name: &str) -> Result<BlockDevice, FsError> {
         let v = self
             .engine
             .kv_get(&dirent_key(self.nbd_dir, name))
+            .await?
             .ok_or_else(|| FsError::NotFound(format!("block device {name}")))?;
         let ino = decode_ino(self.nbd_dir, &v)?;
         Ok(BlockDevice {
             name: name.to_string(),
             ino,
-            size_bytes: self.inode(ino)?.size_bytes,
+            size_bytes: self.inode(ino).await?.size_bytes,
         })
     }
 
@@ -231,11 +233,12 @@ impl Fs {
         if self
             .engine
             .kv_get(&dirent_key(self.nbd_dir, name))
+            .await?
             .is_some()
         {
             return Err(FsError::Exists(format!("block device {name}")));
         }
-        let ino = match self.engine.kv_get(NEXT_INO_KEY) {
+        let ino = match self.engine.kv_get(NEXT_INO_KEY).await? {
             Some(v) => decode_ino(0, &v)?,
             None => {
                 return Err(FsError::Damaged(
@@ -280,8 +283,8 @@ impl Fs {
             return Err(FsError::TooLarge(size_bytes));
         }
         let _guard = self.namespace.lock().await;
-        let dev = self.block_device(name)?;
-        let mut inode = self.inode(dev.ino)?;
+        let dev = self.block_device(name).await?;
+        let mut inode = self.inode(dev.ino).await?;
         let old = inode.encode();
         let old_size = inode.size_bytes;
         let shrinks = size_bytes < inode.size_bytes;
@@ -314,7 +317,7 @@ impl Fs {
     /// Deletes a block device and its data; durable when this returns.
     pub async fn delete_block_device(&self, name: &str) -> Result<(), FsError> {
         let _guard = self.namespace.lock().await;
-        let dev = self.block_device(name)?;
+        let dev = self.block_device(name).await?;
         self.sizes.write().remove(&dev.ino);
         let mut txn = Txn::new();
         txn.expect(
@@ -376,14 +379,14 @@ impl Fs {
             .await?)
     }
 
-    pub fn allocation(
+    pub async fn allocation(
         &self,
         ino: u64,
         offset: u64,
         length: u64,
     ) -> Result<Vec<(u64, bool)>, FsError> {
         self.check_range(ino, offset, length)?;
-        Ok(self.engine.allocation(ino, offset, length))
+        Ok(self.engine.allocation(ino, offset, length).await?)
     }
 
     /// The flush barrier: every earlier write, from any client, is durable when this returns.
@@ -451,6 +454,7 @@ mod tests {
         let (fs, tasks) = open(&bucket).await;
         let names: Vec<_> = fs
             .block_devices()
+            .await
             .unwrap()
             .into_iter()
             .map(|d| (d.name, d.size_bytes))
@@ -461,11 +465,11 @@ mod tests {
         );
         fs.delete_block_device("disk1").await.unwrap();
         assert!(matches!(
-            fs.block_device("disk1"),
+            fs.block_device("disk1").await,
             Err(FsError::NotFound(_))
         ));
         crash(fs, tasks).await;
         let (fs, _tasks) = open(&bucket).await;
-        assert_eq!(fs.block_devices().unwrap().len(), 1);
+        assert_eq!(fs.block_devices().await.unwrap().len(), 1);
     }
 }

@@ -64,6 +64,7 @@ fn options(read_only: bool) -> EngineOptions {
 async fn check_devices(fs: &Fs, fixture: &Path) {
     let found: Vec<(String, u64)> = fs
         .block_devices()
+        .await
         .expect("devices list")
         .into_iter()
         .map(|d| (d.name, d.size_bytes))
@@ -74,7 +75,7 @@ async fn check_devices(fs: &Fs, fixture: &Path) {
         .collect();
     assert_eq!(found, wanted, "{}", fixture.display());
     for (name, size, writes) in DEVICES {
-        let d = fs.block_device(name).expect("the device exists");
+        let d = fs.block_device(name).await.expect("the device exists");
         let bytes = fs.read(d.ino, 0, *size as usize).await.expect("reads");
         assert!(
             bytes == expected(*size, writes),
@@ -136,7 +137,7 @@ async fn buckets_of_every_released_format_open_and_read_back() {
         let fs = Fs::open(writer.clone()).await.expect("fs");
         check_devices(&fs, &fixture).await;
         // Enough barriers for a checkpoint, which migrates the bucket to this build's format.
-        let d = fs.block_device("disk2").expect("disk2");
+        let d = fs.block_device("disk2").await.expect("disk2");
         for _ in 0..4 {
             fs.write(d.ino, 0, &pattern(6, 4096)).await.expect("write");
             fs.sync().await.expect("sync");
@@ -185,7 +186,7 @@ async fn write_the_fixture_of_this_format() {
                 .await
                 .expect("create");
             fs.resize_block_device(name, *size).await.expect("resize");
-            fs.block_device(name).expect("exists")
+            fs.block_device(name).await.expect("exists")
         } else {
             fs.create_block_device(name, *size).await.expect("create")
         };

@@ -154,7 +154,15 @@ const DECLARED: &[Key] = &[
         "cache.memory_bytes_max",
         One(check_size),
         default("\"1GiB\""),
-        "Upper bound on the memory cache of decoded data and metadata.",
+        "Upper bound on the memory cache of decoded data.",
+    ),
+    key(
+        "cache.metadata_bytes_max",
+        One(check_size),
+        default("\"256MiB\""),
+        "Upper bound on the memory cache of metadata (blocks of the sorted runs that hold file \
+         and extent metadata in the bucket). Metadata beyond it is read from the bucket when \
+         needed, so memory does not grow with the bucket.",
     ),
     key(
         "aws.access_key_id",

@@ -81,6 +81,8 @@ pub struct CacheConfig {
     pub disk_bytes_max: u64,
     #[serde(deserialize_with = "deserialize_size")]
     pub memory_bytes_max: u64,
+    #[serde(deserialize_with = "deserialize_size")]
+    pub metadata_bytes_max: u64,
 }
 
 #[derive(Clone, Default, PartialEq, Eq, Deserialize)]

@@ -252,6 +252,7 @@ fn full_file_sets_every_field() {
             dir: PathBuf::from("/var/cache/bucketfs"),
             disk_bytes_max: 1 << 40,
             memory_bytes_max: 512 << 20,
+            metadata_bytes_max: 256 << 20,
         },
         aws: AwsConfig {
             access_key_id: Some("AKIA".to_string()),
@@ -500,12 +501,15 @@ fn bad_sizes_name_key_and_expected_form() {
 #[test]
 fn size_deserializer_matches_the_value_check() {
     // Stage 5 must accept what stage 4 accepted; exercise it directly on odd inputs.
-    let cache: CacheConfig =
-        toml::from_str("dir = \"c\"\ndisk_bytes_max = \"7k\"\nmemory_bytes_max = 9").unwrap();
+    let cache: CacheConfig = toml::from_str(
+        "dir = \"c\"\ndisk_bytes_max = \"7k\"\nmemory_bytes_max = 9\nmetadata_bytes_max = 1",
+    )
+    .unwrap();
     assert_eq!((cache.disk_bytes_max, cache.memory_bytes_max), (7 << 10, 9));
-    let error =
-        toml::from_str::<CacheConfig>("dir = \"c\"\ndisk_bytes_max = -5\nmemory_bytes_max = 9")
-            .unwrap_err();
+    let error = toml::from_str::<CacheConfig>(
+        "dir = \"c\"\ndisk_bytes_max = -5\nmemory_bytes_max = 9\nmetadata_bytes_max = 1",
+    )
+    .unwrap_err();
     assert!(error.message().contains("cannot be negative"), "{error}");
 }
 

@@ -462,12 +462,10 @@ impl Engine {
                     + self
                         .inner
                         .tuning
-                        .log_objects_per_checkpoint(st.committed.extent_count() as u64)
+                        .log_objects_per_checkpoint(st.committed.live().extent_count())
                 || ctl.log_bytes_since_checkpoint >= self.inner.tuning.log_bytes_per_checkpoint;
-            (due && !self.inner.checkpoint_running.swap(true, Ordering::AcqRel)).then(|| {
-                let changes = st.committed.take_changes();
-                (st.committed.clone(), changes)
-            })
+            (due && !self.inner.checkpoint_running.swap(true, Ordering::AcqRel))
+                .then(|| st.committed.freeze(seq))
         };
         // Outside the lock, and after the batch is gone (it may hold some of the same extents).
         self.inner.extent_buffers.give_back(evicted);
@@ -488,14 +486,15 @@ impl Engine {
             self.inner.epoch.elapsed().as_micros() as u64,
             Ordering::Release,
         );
-        if let Some((state, changes)) = snapshot {
-            let covered = self.begin_checkpoint(ctl, seq);
+        if let Some(frozen) = snapshot {
+            let covered = self.begin_checkpoint(ctl, frozen.seq);
             let engine = self.clone();
             self.inner.tasks.spawn(async move {
                 // Cleared however the task ends (a panic included), so the next one can run.
                 let _running = ClearOnDrop(&engine.inner.checkpoint_running);
+                let seq = frozen.seq;
                 if let Err(e) = engine
-                    .checkpoint_and_collect(seq, state, changes, covered, Repack::Yes)
+                    .checkpoint_and_collect(frozen, covered, Repack::Yes)
                     .await
                 {
                     tracing::error!(seq, error = %e, "checkpoint failed; the log keeps growing until the next one");

@@ -13,19 +13,6 @@ pub(super) struct Covered {
     pub(super) log_bytes: u64,
 }
 
-/// The runs the newest manifest names, and how the next checkpoint writes its run.
-#[derive(Debug, Clone)]
-pub(super) struct RunSet {
-    /// Oldest (the one whole-map run) first.
-    pub(super) runs: Vec<RunInfo>,
-    /// The next checkpoint writes the whole map as one run: the bucket has no manifest yet (a
-    /// new or a format-1 bucket), or a checkpoint failed after taking its changes, so they are
-    /// in no run.
-    pub(super) full_next: bool,
-    /// The superblock still says format 1: it is rewritten once a manifest is stored.
-    pub(super) superblock_format_1: bool,
-}
-
 impl Engine {
     /// Starts the interval of the checkpoint as of log object `seq` (the caller holds the
     /// committed map as of `seq` and has set `checkpoint_running`); returns what it covers.
@@ -101,7 +88,7 @@ impl Engine {
                     >= self
                         .inner
                         .tuning
-                        .log_objects_per_checkpoint(st.committed.extent_count() as u64)
+                        .log_objects_per_checkpoint(st.committed.live().extent_count())
             },
             Repack::Yes,
         )
@@ -116,61 +103,58 @@ impl Engine {
     }
 
     /// Writes a checkpoint as of the last committed log object, and collects, if `due` says
-    /// so and none is running. Commits wait meanwhile only for the map's clone.
+    /// so and none is running. Commits wait meanwhile only for the changes to be frozen.
     pub(super) async fn quiet_checkpoint(
         &self,
         due: impl Fn(&UploadCtl, &State) -> bool,
         repack: Repack,
     ) -> Result<(), EngineError> {
-        // Commits happen under `upload`: holding it, the map is exactly as of the last one.
-        let (seq, state, covered) = {
+        // Commits happen under `upload`: holding it, the changes are exactly as of the last one.
+        let (frozen, covered) = {
             let mut ctl = self.inner.upload.lock().await;
-            let snapshot = {
+            let frozen = {
                 let mut st = self.inner.state.lock();
                 (due(&ctl, &st) && !self.inner.checkpoint_running.swap(true, Ordering::AcqRel))
                     .then(|| {
-                        let changes = st.committed.take_changes();
-                        (st.committed.clone(), changes)
+                        let seq = *ctl
+                            .known_logs
+                            .last_key_value()
+                            .expect("a due checkpoint follows a committed log object")
+                            .0;
+                        st.committed.freeze(seq)
                     })
             };
-            let Some((state, changes)) = snapshot else {
+            let Some(frozen) = frozen else {
                 return Ok(());
             };
-            let seq = *ctl
-                .known_logs
-                .last_key_value()
-                .expect("a due checkpoint follows a committed log object")
-                .0;
-            (seq, (state, changes), self.begin_checkpoint(&mut ctl, seq))
+            let covered = self.begin_checkpoint(&mut ctl, frozen.seq);
+            (frozen, covered)
         };
         let _running = ClearOnDrop(&self.inner.checkpoint_running);
-        tracing::debug!(seq, "quiet: writing a checkpoint");
-        self.checkpoint_and_collect(seq, state.0, state.1, covered, repack)
-            .await
+        tracing::debug!(seq = frozen.seq, "quiet: writing a checkpoint");
+        self.checkpoint_and_collect(frozen, covered, repack).await
     }
 
-    /// Writes a checkpoint as of log object `seq`: a run of the `changes` since the last one
-    /// (or of the whole `state`, see `RunSet`) and a manifest naming it with the runs before it.
-    /// Then deletes what that made unnecessary: older manifests, runs no manifest names, and log
-    /// objects up to `seq` that hold no live extent; then repacks those that hold few live
-    /// extents, and re-seals long-lived lz4 frames, so that the next checkpoint can delete the
-    /// objects they leave.
+    /// Writes the checkpoint of `frozen` (`write_checkpoint`), then deletes what that made
+    /// unnecessary: older manifests, runs no manifest names, and log objects up to its log
+    /// object that hold no live extent; then repacks those that hold few live extents, and
+    /// re-seals long-lived lz4 frames, so that the next checkpoint can delete the objects they
+    /// leave.
     pub(super) async fn checkpoint_and_collect(
         &self,
-        seq: u64,
-        state: MetaState,
-        changes: MemRun,
+        frozen: Arc<Frozen>,
         covered: Covered,
         repack: Repack,
     ) -> Result<(), EngineError> {
-        let (manifest_runs, state) = self.write_runs(seq, state, changes).await?;
-        let live = self.collect(seq, &manifest_runs, &covered).await?;
+        let seq = frozen.seq;
+        let base = self.write_checkpoint(&frozen).await?;
+        let live = self.collect(seq, &base.infos, &covered).await?;
         tracing::info!(seq, "checkpoint written");
         if repack == Repack::No {
             return Ok(());
         }
         if let Err(e) = self
-            .repack(&state, &live.into_iter().collect(), &covered)
+            .repack(&base, &live.into_iter().collect(), &covered)
             .await
         {
             tracing::warn!(seq, error = %e, "moving extents out of log objects failed; they stay until a later checkpoint tries again");
@@ -201,7 +185,7 @@ impl Engine {
                 .logs
                 .iter()
                 .filter(|(s, _)| !pins.holds_object(*s))
-                .partition(|(s, _)| st.committed.live_bytes(*s) == 0)
+                .partition(|(s, _)| st.committed.live().live_bytes(*s) == 0)
         };
         let deleted: Vec<u64> = futures::stream::iter(dead)
             .map(|(s, _)| async move {
@@ -235,98 +219,76 @@ impl Engine {
         Ok(live)
     }
 
-    /// Stores the run of checkpoint `seq` and its manifest; returns the runs the manifest names
-    /// and `state` (given back from the blocking thread that encoded it).
-    pub(super) async fn write_runs(
+    /// Writes the checkpoint of `frozen`: a run of its changes and a manifest naming it after
+    /// the base's runs, or, when those runs would outgrow the bottom one (or number
+    /// `RUNS_PER_MANIFEST_MAX`), one run merging them all (so the runs hold at most about
+    /// twice the live metadata, and uploads stay proportional to the change). The manifest
+    /// carries the object table as of `frozen`'s log object. Returns the new base, installed.
+    pub(super) async fn write_checkpoint(
         &self,
-        seq: u64,
-        state: MetaState,
-        changes: MemRun,
-    ) -> Result<(Vec<RunInfo>, MetaState), EngineError> {
-        let before = {
-            let mut runs = self.inner.runs.lock();
-            let before = runs.clone();
-            // Until the manifest is stored, these changes are in no run.
-            runs.full_next = true;
-            before
+        frozen: &Arc<Frozen>,
+    ) -> Result<Arc<Base>, EngineError> {
+        let seq = frozen.seq;
+        let base = self.inner.state.lock().committed.base().clone();
+        let debits = match frozen.resolved() {
+            Some(d) => d,
+            None => {
+                let d = crate::meta::resolve(frozen, &base).await?;
+                self.inner.state.lock().committed.resolve(frozen, &d)
+            }
         };
-        let engine = self.clone();
-        let (run, state) = self
-            .inner
-            .tasks
-            .spawn_blocking(move || {
-                let sealer = &engine.inner.sealer;
-                let deltas: u64 = before.runs.iter().skip(1).map(|r| r.size_bytes).sum();
-                let base = before.runs.first().map_or(0, |r| r.size_bytes);
-                let delta = (!before.full_next && !before.runs.is_empty())
-                    .then(|| crate::lsm::run::encode(sealer, seq, changes.points, &changes.ranges));
-                // The deltas together stay smaller than the whole map, so the runs hold at most
-                // about twice the map and uploads stay proportional to the change.
-                let run = match delta {
-                    Some(d)
-                        if deltas + d.len() as u64 <= base
-                            && before.runs.len() < RUNS_PER_MANIFEST_MAX =>
-                    {
-                        (d, false)
-                    }
-                    _ => (
-                        crate::lsm::run::encode(sealer, seq, state.entries(), &[]),
-                        true,
-                    ),
-                };
-                (run, state)
-            })
-            .await;
-        let ((object, whole), run_bytes) = {
-            let n = run.0.len() as u64;
-            (run, n)
+        let objects = crate::meta::table_after(&base, frozen, &debits);
+        let (infos, runs, run_bytes, whole) = if frozen.mem.is_empty() {
+            (base.infos.clone(), base.runs.clone(), 0, false)
+        } else {
+            let (object, whole) = self.encode_checkpoint_run(frozen, &base).await?;
+            let run_bytes = object.len() as u64;
+            let reader = self.store_run(seq, object).await?;
+            let info = RunInfo {
+                id: seq,
+                size_bytes: run_bytes,
+            };
+            let (mut infos, mut runs) = match whole {
+                true => (Vec::new(), Vec::new()),
+                false => (base.infos.clone(), base.runs.clone()),
+            };
+            infos.push(info);
+            runs.insert(0, Arc::new(reader));
+            (infos, runs, run_bytes, whole)
         };
-        let run_key = logobj::run_key(seq);
-        let object = Bytes::from(object);
+        let manifest = logobj::encode_manifest(&self.inner.sealer, seq, &infos, &objects);
+        let manifest_bytes = manifest.len() as u64;
+        let key = logobj::manifest_key(seq);
+        let manifest = Bytes::from(manifest);
         match self
             .inner
             .bucket
-            .put(&run_key, object.clone(), PutMode::Create)
+            .put(&key, manifest.clone(), PutMode::Create)
             .await
         {
-            // A run stored by a process that crashed before its manifest: no manifest names it
-            // (this one's newest is older than `seq`), so it is garbage and may be replaced.
+            // A retried checkpoint whose first manifest was stored after all: this one names
+            // runs of the same sizes and an equal table.
             Err(StoreError::AlreadyExists(_)) => {
-                tracing::warn!(run = %run_key, "replacing a run no manifest names (left by a crash)");
                 self.inner
                     .bucket
-                    .put(&run_key, object, PutMode::Overwrite)
+                    .put(&key, manifest, PutMode::Overwrite)
                     .await?
             }
             other => other?,
         }
-        let info = RunInfo {
-            id: seq,
-            size_bytes: run_bytes,
-        };
-        let mut runs = if whole {
-            Vec::new()
-        } else {
-            self.inner.runs.lock().runs.clone()
-        };
-        runs.push(info);
-        let manifest = logobj::encode_manifest(&self.inner.sealer, seq, &runs);
-        let manifest_bytes = manifest.len() as u64;
-        self.inner
-            .bucket
-            .put(
-                &logobj::manifest_key(seq),
-                Bytes::from(manifest),
-                PutMode::Create,
-            )
-            .await?;
-        let migrate = {
-            let mut set = self.inner.runs.lock();
-            set.runs = runs.clone();
-            set.full_next = false;
-            std::mem::take(&mut set.superblock_format_1)
-        };
-        if migrate {
+        let new_base = Arc::new(Base {
+            runs,
+            infos: infos.clone(),
+            objects,
+            manifest_seq: seq,
+        });
+        {
+            let mut st = self.inner.state.lock();
+            st.committed.install(frozen, new_base.clone());
+            // Readers holding the old base retry if its runs are collected under them.
+            st.commit_gen += 1;
+        }
+        if self.inner.superblock_format_1.swap(false, Ordering::AcqRel) {
             recovery::migrate_superblock(&self.inner.bucket).await?;
         }
         let c = &self.inner.counters;
@@ -337,10 +299,83 @@ impl Engine {
             seq,
             run_bytes,
             whole,
-            runs = runs.len(),
+            runs = infos.len(),
             "checkpoint run stored"
         );
-        Ok((runs, state))
+        Ok(new_base)
+    }
+
+    /// The run of checkpoint `frozen` over `base`: its changes alone, or (true) merged with all
+    /// of the base's runs into one.
+    async fn encode_checkpoint_run(
+        &self,
+        frozen: &Arc<Frozen>,
+        base: &Arc<Base>,
+    ) -> Result<(Vec<u8>, bool), EngineError> {
+        let seq = frozen.seq;
+        let changes = Arc::new(frozen.mem.to_run(None));
+        if !base.infos.is_empty() && base.infos.len() < RUNS_PER_MANIFEST_MAX {
+            let deltas: u64 = base.infos.iter().skip(1).map(|r| r.size_bytes).sum();
+            let bottom = base.infos[0].size_bytes;
+            let (sealer, c) = (self.inner.sealer.clone(), changes.clone());
+            let delta = self
+                .inner
+                .tasks
+                .spawn_blocking(move || {
+                    let points = c.points.iter().map(|(k, e)| (k.clone(), e.clone()));
+                    crate::lsm::run::encode(&sealer, seq, points, &c.ranges)
+                })
+                .await;
+            if deltas + delta.len() as u64 <= bottom {
+                return Ok((delta, false));
+            }
+        }
+        let mut sources = vec![crate::lsm::merge::Source::Mem(changes.as_ref())];
+        sources.extend(base.sources());
+        // Format 4 keeps lz4 marks in the object table: older runs' marks are left behind.
+        let (entries, _) = crate::lsm::merge::compact_in(&sources, true, |k| {
+            crate::meta::run_key::parse_lz4_object(k).is_none()
+        })
+        .await?;
+        let sealer = self.inner.sealer.clone();
+        let whole = self
+            .inner
+            .tasks
+            .spawn_blocking(move || crate::lsm::run::encode(&sealer, seq, entries, &[]))
+            .await;
+        Ok((whole, true))
+    }
+
+    /// Stores run `id` and opens it from the bytes at hand.
+    async fn store_run(&self, id: u64, object: Vec<u8>) -> Result<RunReader, EngineError> {
+        let run_key = logobj::run_key(id);
+        let reader = RunReader::from_object(
+            self.inner.bucket.clone(),
+            self.inner.sealer.clone(),
+            &run_key,
+            id,
+            &object,
+        )?
+        .with_cache(self.inner.block_cache.clone());
+        let object = Bytes::from(object);
+        match self
+            .inner
+            .bucket
+            .put(&run_key, object.clone(), PutMode::Create)
+            .await
+        {
+            // A run stored by a process that crashed before its manifest, or by a checkpoint
+            // that failed after it: no manifest names it, so it may be replaced.
+            Err(StoreError::AlreadyExists(_)) => {
+                tracing::warn!(run = %run_key, "replacing a run no manifest names (left by a crash or a failed checkpoint)");
+                self.inner
+                    .bucket
+                    .put(&run_key, object, PutMode::Overwrite)
+                    .await?
+            }
+            other => other?,
+        }
+        Ok(reader)
     }
 
     /// Deletes what manifest `seq` made unnecessary: older manifests, runs it does not name, and

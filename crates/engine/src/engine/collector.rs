@@ -64,7 +64,7 @@ pub(super) enum Repack {
 }
 
 impl Engine {
-    /// Moves extents, unchanged, out of log objects the checkpoint `state` covers, into new
+    /// Moves extents, unchanged, out of log objects the checkpoint `base` covers, into new
     /// log objects, so that the old ones die and the next checkpoint deletes them:
     /// - the extents of those `live` objects (sequence number to size in bytes) that hold only
     ///   a few (`Tuning::repack_live_extents_max`): a few extents that are never overwritten would
@@ -79,47 +79,64 @@ impl Engine {
     ///   have been live that long, so they are likely to stay, and zstd stores them in about
     ///   half the bytes.
     ///
-    /// An extent written again meanwhile is left alone (the write kills its old frame anyway).
-    /// Contents never change, so the atomic prefix a crash leaves is unaffected.
+    /// The object table says which objects qualify; finding their extents reads the base's
+    /// extent pointers once (docs/0003 says what that costs at scale). An extent written again
+    /// meanwhile is left alone (the write kills its old frame anyway). Contents never change,
+    /// so the atomic prefix a crash leaves is unaffected.
     pub(super) async fn repack(
         &self,
-        state: &MetaState,
+        base: &Arc<Base>,
         live: &HashMap<u64, u64>,
         covered: &Covered,
     ) -> Result<(), EngineError> {
-        let live_seqs: HashSet<u64> = live.keys().copied().collect();
         let t = &self.inner.tuning;
-        let mut sparse =
-            state.extents_of_sparse_objects(&live_seqs, t.repack_live_extents_max as usize);
-        let sparse_seqs: HashSet<u64> = sparse.iter().map(|(_, _, p)| p.seq).collect();
-        sparse.truncate(t.repack_extents_max as usize);
+        let table = &base.objects;
+        let few = t.repack_live_extents_max;
+        let sparse_seqs: HashSet<u64> = live
+            .keys()
+            .copied()
+            .filter(|s| (1..=few).contains(&table.get(*s).live_extents))
+            .collect();
         let aged: Vec<(u64, u64, u64)> = live
             .iter()
             .filter(|(seq, _)| **seq <= covered.aged_through && !sparse_seqs.contains(seq))
-            .map(|(seq, size)| (*seq, state.live_bytes(*seq), *size))
+            .map(|(seq, size)| (*seq, table.live_bytes(*seq), *size))
             .collect();
         let budget = covered
             .log_bytes
             .clamp(t.repack_fragmented_bytes_min, t.log_bytes_per_checkpoint);
-        let fragmented = state.extents_of_objects(&fragmented_objects(
-            &aged,
-            budget,
-            t.repack_live_percent_max,
-        ));
+        let fragmented_seqs = fragmented_objects(&aged, budget, t.repack_live_percent_max);
         // Sparse objects are repacking's, within its own budget: under fsync-heavy load they
         // are many, and re-sealing is for the dense ones.
-        let lz4 = match self.inner.codec {
-            Codec::Zstd => whole_objects_up_to(
-                state
-                    .extents_of_lz4_objects(
-                        covered.aged_through,
-                        t.repack_live_extents_max as usize,
-                    )
-                    .into_iter(),
-                t.reseal_extents_max as usize,
-            ),
-            Codec::Lz4 | Codec::None => Vec::new(),
+        let lz4_seqs: HashSet<u64> = match self.inner.codec {
+            Codec::Zstd => table
+                .iter()
+                .filter(|(s, i)| i.lz4 && *s <= covered.aged_through && i.live_extents > few)
+                .map(|(s, _)| s)
+                .collect(),
+            Codec::Lz4 | Codec::None => HashSet::new(),
         };
+        if sparse_seqs.is_empty() && fragmented_seqs.is_empty() && lz4_seqs.is_empty() {
+            return Ok(());
+        }
+        let mut extents = self.base_extents(base).await?;
+        extents.retain(|(_, _, p)| {
+            sparse_seqs.contains(&p.seq)
+                || fragmented_seqs.contains(&p.seq)
+                || lz4_seqs.contains(&p.seq)
+        });
+        extents.sort_unstable_by_key(|(_, _, p)| (p.seq, p.offset));
+        let of = |seqs: &HashSet<u64>| -> Vec<(u64, u64, ExtentPtr)> {
+            extents
+                .iter()
+                .copied()
+                .filter(|(_, _, p)| seqs.contains(&p.seq))
+                .collect()
+        };
+        let mut sparse = of(&sparse_seqs);
+        sparse.truncate(t.repack_extents_max as usize);
+        let fragmented = of(&fragmented_seqs);
+        let lz4 = whole_objects_up_to(of(&lz4_seqs).into_iter(), t.reseal_extents_max as usize);
         tracing::debug!(
             sparse = sparse.len(),
             fragmented = fragmented.len(),
@@ -128,12 +145,35 @@ impl Engine {
             "moving extents out of covered log objects"
         );
         let c = &self.inner.counters;
-        self.move_extents(&sparse, &c.extents_repacked).await?;
-        self.move_extents(&fragmented, &c.extents_defragmented)
+        self.move_extents(base, &sparse, &c.extents_repacked)
+            .await?;
+        self.move_extents(base, &fragmented, &c.extents_defragmented)
             .await?;
         // Extents of fragmented objects that held lz4 frames are moved already: the move skips
         // what no longer points where the checkpoint saw it.
-        self.move_extents(&lz4, &c.extents_resealed).await
+        self.move_extents(base, &lz4, &c.extents_resealed).await
+    }
+
+    /// Every extent pointer of `base`, as (inode, index, pointer).
+    async fn base_extents(&self, base: &Base) -> Result<Vec<(u64, u64, ExtentPtr)>, EngineError> {
+        use crate::meta::run_key;
+        let (start, end) = (run_key::extent(0, 0), run_key::extents_end());
+        let mut extents = Vec::new();
+        let mut malformed = false;
+        crate::lsm::merge::for_each_live_in(&base.sources(), &start, Some(&end), |k, v| {
+            match (run_key::parse_extent(k), run_key::parse_ptr(v)) {
+                (Some((ino, index)), Some(ptr)) => extents.push((ino, index, ptr)),
+                _ => malformed = true,
+            }
+            !malformed
+        })
+        .await?;
+        if malformed {
+            return Err(EngineError::Corrupt(
+                "a metadata run holds a malformed extent pointer".into(),
+            ));
+        }
+        Ok(extents)
     }
 
     /// Moves `extents` (inode, index, pointer as the checkpoint has it) by flushes of up to
@@ -142,12 +182,18 @@ impl Engine {
     /// bucket each object stays small enough for the journal).
     pub(super) async fn move_extents(
         &self,
+        base: &Arc<Base>,
         extents: &[(u64, u64, ExtentPtr)],
         moved_count: &AtomicU64,
     ) -> Result<(), EngineError> {
+        // The pointers come from `base`: one the layers in memory do not change is still
+        // current while `base` is (the checkpoint slot keeps it so throughout).
         let unchanged = |st: &State, ino: u64, index: u64, ptr: ExtentPtr| {
-            st.committed.extent(ino, index) == Some(ptr)
-                && st.newest_first().all(|b| !b.touches_extent(ino, index))
+            let committed = match st.committed.extent(ino, index) {
+                Here::Is(p) => p == Some(ptr),
+                Here::NotHere => Arc::ptr_eq(st.committed.base(), base),
+            };
+            committed && st.newest_first().all(|b| !b.touches_extent(ino, index))
         };
         for chunk in extents.chunks(self.inner.tuning.repack_extents_per_object as usize) {
             // The plaintext: from the memory tier while it is there (it usually is for

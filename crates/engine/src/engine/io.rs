@@ -50,7 +50,7 @@ impl Engine {
         loop {
             // Partial extents need their current content first; fetch those that are neither in
             // memory nor holes, outside the lock, then try again.
-            let (missing, commit_gen) = {
+            let (missing, commit_gen, base) = {
                 let mut st = self.inner.state.lock();
                 let mut missing = Vec::new();
                 stored_bases(&mut st, ino, offset, length, &mut missing);
@@ -62,9 +62,9 @@ impl Engine {
                     self.write_behind(pending_bytes);
                     return Ok(());
                 }
-                (missing, st.commit_gen)
+                (missing, st.commit_gen, st.committed.base().clone())
             };
-            self.fetch_bases(&missing, commit_gen).await?;
+            self.fetch_bases(&missing, commit_gen, &base).await?;
         }
     }
 
@@ -96,16 +96,40 @@ impl Engine {
             .collect()
     }
 
-    /// Fetches the stored bases of partial writes (as (inode, index, pointer)) into the memory
-    /// tier, unless the committed state changed meanwhile (the caller then looks again).
+    /// Fetches the stored bases of partial writes (as (inode, index, pointer), the pointer
+    /// `None` where the committed `base` must be asked for it) into the memory tier, unless the
+    /// committed state changed meanwhile (the caller then looks again).
     pub(super) async fn fetch_bases(
         &self,
-        missing: &[(u64, u64, ExtentPtr)],
+        missing: &[(u64, u64, Option<ExtentPtr>)],
         commit_gen: u64,
+        base: &Arc<Base>,
     ) -> Result<(), EngineError> {
         let mut by_ino: BTreeMap<u64, Vec<(u64, ExtentPtr)>> = BTreeMap::new();
+        let mut zeroes = Vec::new();
         for &(ino, index, ptr) in missing {
-            by_ino.entry(ino).or_default().push((index, ptr));
+            let ptr = match ptr {
+                Some(p) => Some(p),
+                None => match base.extent(ino, index).await {
+                    Ok(p) => p,
+                    // The base was replaced and its runs collected meanwhile: look again.
+                    Err(crate::lsm::RunError::Store(StoreError::NotFound(_))) => return Ok(()),
+                    Err(e) => return Err(e.into()),
+                },
+            };
+            match ptr {
+                Some(p) => by_ino.entry(ino).or_default().push((index, p)),
+                None => zeroes.push((ino, index)),
+            }
+        }
+        if !zeroes.is_empty() {
+            let mut st = self.inner.state.lock();
+            if st.commit_gen != commit_gen {
+                return Ok(());
+            }
+            for key in zeroes {
+                st.clean.put(key, Arc::new(vec![0; EXTENT_SIZE_BYTES]));
+            }
         }
         for (ino, wanted) in by_ino {
             let fetched = self.fetch(ino, &wanted).await?;
@@ -165,7 +189,7 @@ impl Engine {
                 None => match st.find(ino, index) {
                     Found::Data(d) => d,
                     Found::Zero => Arc::new(vec![0; EXTENT_SIZE_BYTES]),
-                    Found::Stored(_) => {
+                    Found::Stored(_) | Found::InBase => {
                         unreachable!("write() fetched every partial extent's base first")
                     }
                 },
@@ -209,17 +233,26 @@ impl Engine {
         let last = (offset + length as u64 - 1) / EXTENT_SIZE_BYTES_U64;
         let mut found = Vec::with_capacity((last - first + 1) as usize);
         let mut missing = Vec::new();
-        let commit_gen = {
+        let mut in_base = Vec::new();
+        let (commit_gen, base) = {
             let mut st = self.inner.state.lock();
             for index in first..=last {
                 match st.find(ino, index) {
                     Found::Data(d) => found.push((index, d)),
                     Found::Zero => {}
                     Found::Stored(ptr) => missing.push((index, ptr)),
+                    Found::InBase => in_base.push(index),
                 }
             }
-            st.commit_gen
+            (st.commit_gen, st.committed.base().clone())
         };
+        for index in in_base {
+            match base.extent(ino, index).await {
+                Ok(Some(ptr)) => missing.push((index, ptr)),
+                Ok(None) => {}
+                Err(e) => return Err((e.into(), commit_gen)),
+            }
+        }
         if !missing.is_empty() {
             let fetched = self
                 .fetch(ino, &missing)
@@ -338,32 +371,26 @@ impl Engine {
     }
 
     /// Allocation map of `ino` over `offset..offset+length`: runs of (length, allocated).
-    pub fn allocation(&self, ino: u64, offset: u64, length: u64) -> Vec<(u64, bool)> {
+    pub async fn allocation(
+        &self,
+        ino: u64,
+        offset: u64,
+        length: u64,
+    ) -> Result<Vec<(u64, bool)>, EngineError> {
         if length == 0 {
-            return Vec::new();
+            return Ok(Vec::new());
         }
         let first = offset / EXTENT_SIZE_BYTES_U64;
         let last = (offset + length - 1) / EXTENT_SIZE_BYTES_U64;
-        let st = self.inner.state.lock();
-        let mut allocated: BTreeSet<u64> = st
-            .committed
-            .extent_indexes(ino, first..last + 1)
-            .into_iter()
+        let (start, end) = (
+            crate::meta::run_key::extent(ino, first),
+            crate::meta::run_key::extent(ino, last + 1),
+        );
+        let found = self.scan_snapshot(&start, &end, usize::MAX).await?;
+        let allocated: BTreeSet<u64> = found
+            .iter()
+            .filter_map(|(k, _)| crate::meta::run_key::parse_extent(k).map(|(_, i)| i))
             .collect();
-        for batch in st.oldest_first() {
-            if batch.extent_cuts.contains_key(&ino) {
-                allocated.retain(|index| !batch.cuts_extent(ino, *index));
-            }
-            for ((i, index), d) in &batch.extents {
-                if *i == ino && (first..=last).contains(index) {
-                    match d {
-                        Dirty::Data(_) | Dirty::Moved(_) => allocated.insert(*index),
-                        Dirty::Hole => allocated.remove(index),
-                    };
-                }
-            }
-        }
-        drop(st);
         let mut runs: Vec<(u64, bool)> = Vec::new();
         let end = offset + length;
         let mut at = offset;
@@ -377,7 +404,30 @@ impl Engine {
             }
             at = next;
         }
-        runs
+        Ok(runs)
+    }
+
+    /// Up to `limit` live entries of run keys `start..end` as one consistent view: memory's
+    /// under the lock, then the base's runs outside it (again if the base was replaced and its
+    /// runs collected meanwhile).
+    async fn scan_snapshot(
+        &self,
+        start: &[u8],
+        end: &[u8],
+        limit: usize,
+    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, EngineError> {
+        loop {
+            let snapshot = self.inner.state.lock().snapshot(start, end);
+            match snapshot.scan(limit).await {
+                Err(crate::lsm::RunError::Store(StoreError::NotFound(_)))
+                    if self.base_replaced(&snapshot.base) => {}
+                other => return other.map_err(EngineError::from),
+            }
+        }
+    }
+
+    fn base_replaced(&self, base: &Arc<Base>) -> bool {
+        !Arc::ptr_eq(base, self.inner.state.lock().committed.base())
     }
 
     /// Deallocates every extent of `ino` at or beyond `from_index` (file deletion, truncation):
@@ -390,25 +440,49 @@ impl Engine {
         Ok(())
     }
 
-    pub fn kv_get(&self, key: &[u8]) -> Option<Vec<u8>> {
-        self.inner.state.lock().kv_get(key)
+    pub async fn kv_get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, EngineError> {
+        loop {
+            let base = {
+                let st = self.inner.state.lock();
+                match st.kv_get(key) {
+                    Here::Is(v) => return Ok(v),
+                    Here::NotHere => st.committed.base().clone(),
+                }
+            };
+            match base.kv_get(key).await {
+                Err(crate::lsm::RunError::Store(StoreError::NotFound(_)))
+                    if self.base_replaced(&base) => {}
+                other => return other.map_err(EngineError::from),
+            }
+        }
     }
 
     /// Every pair whose key starts with `prefix`, in key order.
-    pub fn kv_scan(&self, prefix: &[u8]) -> Vec<(Vec<u8>, Vec<u8>)> {
+    pub async fn kv_scan(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>, EngineError> {
         let end = prefix_end(prefix);
-        self.kv_range(prefix, end.as_deref(), usize::MAX)
+        self.kv_range(prefix, end.as_deref(), usize::MAX).await
     }
 
     /// The pairs with a key in `start..end` (to the last key when `end` is None), in key order,
     /// at most `limit` of them, as one consistent snapshot.
-    pub fn kv_range(
+    pub async fn kv_range(
         &self,
         start: &[u8],
         end: Option<&[u8]>,
         limit: usize,
-    ) -> Vec<(Vec<u8>, Vec<u8>)> {
-        self.inner.state.lock().kv_range(start, end, limit)
+    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, EngineError> {
+        if end.is_some_and(|e| e <= start) {
+            return Ok(Vec::new());
+        }
+        let (s, e) = crate::meta::run_key::kv_bounds(start, end);
+        let found = self.scan_snapshot(&s, &e, limit).await?;
+        Ok(found
+            .into_iter()
+            .map(|(k, v)| {
+                let key = crate::meta::run_key::parse_kv(&k).expect("a key-value run key");
+                (key.to_vec(), v)
+            })
+            .collect())
     }
 
     /// Applies the changes atomically (all of them are in the same flush).
@@ -430,7 +504,7 @@ pub(super) fn stored_bases(
     ino: u64,
     offset: u64,
     length: u64,
-    missing: &mut Vec<(u64, u64, ExtentPtr)>,
+    missing: &mut Vec<(u64, u64, Option<ExtentPtr>)>,
 ) {
     let first = offset / EXTENT_SIZE_BYTES_U64;
     let last = (offset + length - 1) / EXTENT_SIZE_BYTES_U64;
@@ -439,10 +513,13 @@ pub(super) fn stored_bases(
         if start == 0 && end == EXTENT_SIZE_BYTES {
             continue;
         }
-        if let Found::Stored(ptr) = st.find(ino, index) {
-            if !missing.iter().any(|(i, x, _)| *i == ino && *x == index) {
-                missing.push((ino, index, ptr));
-            }
+        let ptr = match st.find(ino, index) {
+            Found::Stored(ptr) => Some(ptr),
+            Found::InBase => None,
+            Found::Data(_) | Found::Zero => continue,
+        };
+        if !missing.iter().any(|(i, x, _)| *i == ino && *x == index) {
+            missing.push((ino, index, ptr));
         }
     }
 }

@@ -39,7 +39,7 @@ pub use stats::EngineStats;
 pub use txn::{Expect, Txn};
 
 use barrier::{SealCtl, Sealed, UploadCtl, Waiting};
-use checkpoint::{Covered, RunSet};
+use checkpoint::Covered;
 use collector::Repack;
 use overlay::{Batch, Dirty, Found, State};
 use pins::Pins;
@@ -54,9 +54,10 @@ use crate::frame::{self, Codec, FRAME_BYTES_MAX};
 use crate::lease::{self, Lease, LeaseError};
 use crate::limits::*;
 use crate::logobj::{self, ObjectError, RunInfo, LOG_HEADER_BYTES};
+use crate::lsm::cache::BlockCache;
 use crate::lsm::run::RunReader;
 use crate::lsm::MemRun;
-use crate::meta::{ExtentPtr, MetaOp, MetaState};
+use crate::meta::{Base, ExtentPtr, Frozen, Here, MetaOp, MetaState};
 use crate::object_buffer::{ObjectBuffer, ObjectBuffers};
 use crate::tasks::TaskSet;
 use crate::tuning::Tuning;
@@ -92,8 +93,10 @@ struct Inner {
     /// The writer lock (none when read-only); shared only with `Engine::open` while it loads.
     lock_holder: Option<Arc<Lease>>,
     checkpoint_running: AtomicBool,
-    /// The runs of the newest manifest; changed only by the checkpoint running.
-    runs: Mutex<RunSet>,
+    /// The superblock still says format 1: it is rewritten once a manifest is stored.
+    superblock_format_1: AtomicBool,
+    /// Decoded blocks of the metadata runs (`[cache] metadata_bytes_max`).
+    block_cache: Arc<BlockCache>,
     /// The named checkpoints, which the collector leaves alone.
     pins: Mutex<Pins>,
     /// When the last log object was committed (`Inner::epoch` + this many microseconds).

@@ -10,6 +10,8 @@ pub struct EngineOptions {
     /// fsynced.
     pub flush_interval: Duration,
     pub memory_cache_bytes_max: u64,
+    /// Decoded blocks of metadata runs kept in memory (`[cache] metadata_bytes_max`).
+    pub metadata_cache_bytes_max: u64,
     pub disk_cache_dir: Option<PathBuf>,
     pub disk_cache_bytes_max: u64,
     pub read_only: bool,
@@ -33,6 +35,8 @@ impl EngineOptions {
             codec: Codec::Zstd,
             flush_interval: Duration::from_secs(3600),
             memory_cache_bytes_max: 64 << 20,
+            // Small, so that tests read runs through misses as well as hits.
+            metadata_cache_bytes_max: 4 << 20,
             disk_cache_dir: None,
             disk_cache_bytes_max: 0,
             read_only: false,

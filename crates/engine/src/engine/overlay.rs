@@ -98,6 +98,8 @@ pub(super) enum Found {
     Data(Arc<Vec<u8>>),
     Zero,
     Stored(ExtentPtr),
+    /// Not in memory: the committed base's runs say (`Base::extent`).
+    InBase,
 }
 
 impl State {
@@ -133,8 +135,9 @@ impl State {
             return Found::Data(d.clone());
         }
         match self.committed.extent(ino, index) {
-            Some(ptr) => Found::Stored(ptr),
-            None => Found::Zero,
+            Here::Is(Some(ptr)) => Found::Stored(ptr),
+            Here::Is(None) => Found::Zero,
+            Here::NotHere => Found::InBase,
         }
     }
 
@@ -151,7 +154,9 @@ impl State {
                 Some(Dirty::Hole) => Some(false),
                 None => f.cuts_extent(ino, index).then_some(false),
             });
-        let older = older.unwrap_or_else(|| self.committed.extent(ino, index).is_some());
+        // Unknown without a lookup in the base's runs: a hole entry clears whatever is there.
+        let older =
+            older.unwrap_or_else(|| !matches!(self.committed.extent(ino, index), Here::Is(None)));
         if older {
             self.pending.extents.insert(key, Dirty::Hole);
         } else {
@@ -192,73 +197,106 @@ impl State {
         self.pending.kv_cuts.push((start, end));
     }
 
-    pub(super) fn kv_get(&self, key: &[u8]) -> Option<Vec<u8>> {
+    /// What memory says of a key; `NotHere`: the committed base's runs say.
+    pub(super) fn kv_get(&self, key: &[u8]) -> Here<Vec<u8>> {
         for batch in self.newest_first() {
             if let Some(v) = batch.kv.get(key) {
-                return v.clone();
+                return Here::Is(v.clone());
             }
             if batch.cuts_key(key) {
-                return None;
+                return Here::Is(None);
             }
         }
-        self.committed.kv_get(key).cloned()
+        self.committed.kv(key)
     }
 
-    /// The pairs with a key in `start..end` (to the last key when `end` is None), in key
-    /// order, at most `limit` of them: one consistent view, as the caller holds the lock.
-    pub(super) fn kv_range(
-        &self,
-        start: &[u8],
-        end: Option<&[u8]>,
-        limit: usize,
-    ) -> Vec<(Vec<u8>, Vec<u8>)> {
-        use std::ops::Bound;
-        let upper = match end {
-            Some(e) => Bound::Excluded(e.to_vec()),
-            None => Bound::Unbounded,
-        };
-        let bounds = (Bound::Included(start.to_vec()), upper);
-        // What the unflushed batches say in the range, oldest first so that newer wins; small
-        // next to the committed map, which is walked lazily below.
-        let mut overlay: BTreeMap<Vec<u8>, Option<Vec<u8>>> = BTreeMap::new();
-        let mut cuts: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
-        for batch in self.oldest_first() {
-            for (s, e) in &batch.kv_cuts {
-                overlay.retain(|k, _| !(s <= k && k < e));
-                cuts.push((s.clone(), e.clone()));
-            }
-            for (k, v) in batch.kv.range::<Vec<u8>, _>(bounds.clone()) {
-                overlay.insert(k.clone(), v.clone());
+    /// Everything memory holds of run keys `start..end` (all of one kind: key-value pairs or
+    /// the extents of one inode), as layers newest first, with the base under them: one
+    /// consistent view to read outside the lock.
+    pub(super) fn snapshot(&self, start: &[u8], end: &[u8]) -> Snapshot {
+        let mut layers: Vec<MemRun> = self
+            .newest_first()
+            .map(|b| batch_run(b, start, end))
+            .collect();
+        layers.extend(self.committed.layer_runs(start, end));
+        Snapshot {
+            layers,
+            base: self.committed.base().clone(),
+            start: start.to_vec(),
+            end: end.to_vec(),
+        }
+    }
+}
+
+/// A batch's entries among run keys `start..end`. Extents hold no pointer yet: a written one
+/// is a put with an empty value.
+fn batch_run(batch: &Batch, start: &[u8], end: &[u8]) -> MemRun {
+    use crate::lsm::{Entry, RangeDelete};
+    use crate::meta::run_key;
+    let inside = |k: &[u8]| start <= k && k < end;
+    let mut run = MemRun::default();
+    let mut range = |s: Vec<u8>, e: Vec<u8>| {
+        if s.as_slice() < end && start < e.as_slice() {
+            run.ranges.push(RangeDelete { start: s, end: e });
+        }
+    };
+    for (ino, cuts) in &batch.extent_cuts {
+        for &(from, to) in cuts {
+            range(run_key::extent(*ino, from), run_key::extent(*ino, to));
+        }
+    }
+    for (s, e) in &batch.kv_cuts {
+        range(run_key::kv(s), run_key::kv(e));
+    }
+    match (run_key::parse_extent(start), run_key::parse_kv(start)) {
+        (Some(_), _) => {
+            for (&(ino, index), d) in &batch.extents {
+                let key = run_key::extent(ino, index);
+                if inside(&key) {
+                    let entry = match d {
+                        Dirty::Data(_) | Dirty::Moved(_) => Entry::Put(Vec::new()),
+                        Dirty::Hole => Entry::Delete,
+                    };
+                    run.points.insert(key, entry);
+                }
             }
         }
-        let cut = |k: &Vec<u8>| cuts.iter().any(|(s, e)| s <= k && k < e);
-        let mut committed = self
-            .committed
-            .kv_bounds(bounds)
-            .filter(|(k, _)| !cut(k))
-            .peekable();
-        let mut overlay = overlay.into_iter().peekable();
-        let mut out = Vec::new();
-        while out.len() < limit {
-            let take_overlay = match (committed.peek(), overlay.peek()) {
-                (None, None) => break,
-                (Some(_), None) => false,
-                (None, Some(_)) => true,
-                (Some((ck, _)), Some((ok, _))) => ok <= *ck,
+        (None, Some(raw_start)) => {
+            // `end` is a key-value key, or the first key after them all.
+            let upper = match run_key::parse_kv(end) {
+                Some(e) => std::ops::Bound::Excluded(e),
+                None => std::ops::Bound::Unbounded,
             };
-            if take_overlay {
-                let (k, v) = overlay.next().expect("peeked");
-                if committed.peek().is_some_and(|(ck, _)| **ck == k) {
-                    committed.next();
-                }
-                if let Some(v) = v {
-                    out.push((k, v));
-                }
-            } else {
-                let (k, v) = committed.next().expect("peeked");
-                out.push((k.clone(), v.clone()));
+            for (k, v) in batch
+                .kv
+                .range::<[u8], _>((std::ops::Bound::Included(raw_start), upper))
+            {
+                let entry = v.clone().map_or(Entry::Delete, Entry::Put);
+                run.points.insert(run_key::kv(k), entry);
             }
         }
-        out
+        (None, None) => {}
+    }
+    run
+}
+
+/// What `State::snapshot` took: read it with `scan`, outside the lock.
+pub(super) struct Snapshot {
+    layers: Vec<MemRun>,
+    pub(super) base: Arc<Base>,
+    start: Vec<u8>,
+    end: Vec<u8>,
+}
+
+impl Snapshot {
+    /// Up to `limit` live entries (run keys and values), in key order.
+    pub(super) async fn scan(
+        &self,
+        limit: usize,
+    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, crate::lsm::RunError> {
+        use crate::lsm::merge::{scan_in, Source};
+        let mut sources: Vec<Source<'_>> = self.layers.iter().map(Source::Mem).collect();
+        sources.extend(self.base.sources());
+        scan_in(&sources, &self.start, Some(&self.end), limit, |_| false).await
     }
 }

@@ -231,38 +231,38 @@ impl Engine {
         }
         self.flush().await?;
         let _slot = self.checkpoint_slot().await;
-        let (seq, snapshot, kept_objects) = {
-            let mut ctl = self.inner.upload.lock().await;
-            let newest = {
-                let runs = self.inner.runs.lock();
-                (!runs.full_next)
-                    .then(|| runs.runs.last().map(|r| r.id))
-                    .flatten()
-            };
-            // The newest log objects may be gone already: once a checkpoint covers them, those
-            // holding no live extent (only key-value pairs, say) are collected.
-            let last_log = ctl.known_logs.last_key_value().map(|(s, _)| *s);
-            let mut st = self.inner.state.lock();
-            if let Some(newest) = newest.filter(|n| last_log.is_none_or(|l| l <= *n)) {
-                // No commit since the newest checkpoint: the map is as of it. Keep that one.
-                (newest, None, st.committed.live_objects())
-            } else {
+        // A checkpoint that failed earlier is written first; then the changes up to the last
+        // log object, unless the newest manifest already covers it.
+        let (seq, runs, objects) = loop {
+            let (frozen, covered) = {
+                let mut ctl = self.inner.upload.lock().await;
+                // The newest log objects may be gone already: once a checkpoint covers them,
+                // those holding no live extent (only key-value pairs, say) are collected.
+                let last_log = ctl.known_logs.last_key_value().map(|(s, _)| *s);
+                let mut st = self.inner.state.lock();
+                let base = st.committed.base().clone();
+                if st.committed.frozen().is_none()
+                    && base.manifest_seq > 0
+                    && last_log.is_none_or(|l| l <= base.manifest_seq)
+                {
+                    // No commit since the newest checkpoint: keep that one.
+                    break (
+                        base.manifest_seq,
+                        base.infos.clone(),
+                        base.objects.live_objects(),
+                    );
+                }
                 let Some(seq) = last_log else {
                     return Err(EngineError::NothingToCheckpoint);
                 };
-                let changes = st.committed.take_changes();
-                let state = st.committed.clone();
+                let frozen = st.committed.freeze(seq);
                 drop(st);
-                let covered = self.begin_checkpoint(&mut ctl, seq);
-                (seq, Some((state, changes, covered)), Vec::new())
-            }
-        };
-        let (runs, objects, covered) = match (snapshot, kept_objects) {
-            (Some((state, changes, covered)), _) => {
-                let (runs, state) = self.write_runs(seq, state, changes).await?;
-                (runs, state.live_objects(), Some(covered))
-            }
-            (None, objects) => (self.inner.runs.lock().runs.clone(), objects, None),
+                let covered = self.begin_checkpoint(&mut ctl, frozen.seq);
+                (frozen, covered)
+            };
+            let base = self.write_checkpoint(&frozen).await?;
+            // The checkpoint written is a regular one too: collect what it allows.
+            self.collect(frozen.seq, &base.infos, &covered).await?;
         };
         let mut id = [0u8; 8];
         rand::RngCore::fill_bytes(&mut rand::thread_rng(), &mut id);
@@ -290,11 +290,6 @@ impl Engine {
             log_objects = info.log_objects,
             "named checkpoint created"
         );
-        if let Some(covered) = covered {
-            // The checkpoint written above is a regular one too: collect what it allows.
-            let manifest_runs = self.inner.runs.lock().runs.clone();
-            self.collect(seq, &manifest_runs, &covered).await?;
-        }
         Ok(info)
     }
 
@@ -323,12 +318,13 @@ impl Engine {
             .await?;
         self.inner.pins.lock().by_name.remove(name);
         tracing::info!(name, seq = pin.seq, "named checkpoint deleted");
-        let (seq, covered) = {
+        let (seq, covered, base) = {
             let ctl = self.inner.upload.lock().await;
-            let runs = self.inner.runs.lock();
-            let Some(seq) = runs.runs.last().map(|r| r.id) else {
+            let base = self.inner.state.lock().committed.base().clone();
+            let seq = base.manifest_seq;
+            if seq == 0 {
                 return Ok(());
-            };
+            }
             let logs = ctl
                 .known_logs
                 .range(..=seq)
@@ -341,12 +337,10 @@ impl Engine {
                     aged_through: 0,
                     log_bytes: 0,
                 },
+                base,
             )
         };
-        let manifest_runs = self.inner.runs.lock().runs.clone();
-        self.collect(seq, &manifest_runs, &covered)
-            .await
-            .map(|_| ())
+        self.collect(seq, &base.infos, &covered).await.map(|_| ())
     }
 
     /// Waits until no checkpoint or collection runs, then holds that off until the guard drops.

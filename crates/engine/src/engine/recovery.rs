@@ -135,7 +135,7 @@ impl Engine {
         lock_holder: Option<Arc<Lease>>,
         format_version: u32,
     ) -> Result<Engine, EngineError> {
-        let mut committed = MetaState::default();
+        let block_cache = BlockCache::new(opts.metadata_cache_bytes_max);
         let pins = pins::load_pins(&bucket, &sealer).await?;
         let pinned = match &opts.checkpoint {
             Some(name) if !opts.read_only => {
@@ -156,16 +156,20 @@ impl Engine {
                 .filter_map(|o| logobj::parse_seq(&o.key, "manifest"))
                 .max(),
         };
-        let (checkpoint_seq, runs) = match manifest_seq {
-            Some(seq) => (seq, load_runs(&bucket, &sealer, seq, &mut committed).await?),
-            // Format 1: one whole-map checkpoint (or none yet). The first checkpoint of this
-            // process writes the whole map as a run, migrating the bucket to format 2.
-            None => (
-                load_format_1_checkpoint(&bucket, &sealer, &mut committed).await?,
-                Vec::new(),
-            ),
+        let mut committed;
+        let checkpoint_seq = match manifest_seq {
+            Some(seq) => {
+                let base = load_base(&bucket, &sealer, seq, &block_cache).await?;
+                committed = MetaState::new(Arc::new(base));
+                seq
+            }
+            // Format 1: one whole-map checkpoint (or none yet), loaded into memory whole. The
+            // first checkpoint of this process writes it as a run, migrating the bucket.
+            None => {
+                committed = MetaState::default();
+                load_format_1_checkpoint(&bucket, &sealer, &mut committed).await?
+            }
         };
-        committed.forget_changes();
         let logs: Vec<(u64, u64)> = bucket
             .list("log/")
             .await?
@@ -252,7 +256,7 @@ impl Engine {
             checkpoint_seq,
             replayed = records.len(),
             last_seq,
-            extents = committed.extent_count(),
+            extents = committed.live().extent_count(),
             "opened bucket"
         );
         let disk_cache = match &opts.disk_cache_dir {
@@ -313,11 +317,8 @@ impl Engine {
                 lock_holder,
                 checkpoint_running: AtomicBool::new(false),
                 pins: Mutex::new(pins),
-                runs: Mutex::new(RunSet {
-                    full_next: runs.is_empty(),
-                    runs,
-                    superblock_format_1: format_version == 1,
-                }),
+                superblock_format_1: AtomicBool::new(format_version == 1),
+                block_cache,
                 last_commit_us: AtomicU64::new(0),
                 repacked_uncollected: AtomicBool::new(false),
                 epoch: tokio::time::Instant::now(),
@@ -346,49 +347,81 @@ impl Engine {
     }
 }
 
-/// Loads the runs manifest `seq` names into `state`; returns them, oldest first.
-async fn load_runs(
+/// Opens the runs manifest `seq` names (their indexes only) and reads its object table.
+async fn load_base(
     bucket: &SharedBucket,
     sealer: &Arc<Sealer>,
     seq: u64,
-    state: &mut MetaState,
-) -> Result<Vec<RunInfo>, EngineError> {
+    cache: &Arc<BlockCache>,
+) -> Result<Base, EngineError> {
     let key = logobj::manifest_key(seq);
     let bytes = bucket.get(&key).await?;
-    let runs = logobj::decode_manifest(sealer, &key, seq, &bytes)?;
-    let mut readers = Vec::with_capacity(runs.len());
-    for run in runs.iter().rev() {
+    let manifest = logobj::decode_manifest(sealer, &key, seq, &bytes)?;
+    let mut runs = Vec::with_capacity(manifest.runs.len());
+    for run in manifest.runs.iter().rev() {
         let run_key = logobj::run_key(run.id);
-        readers.push(
-            RunReader::open(
-                bucket.clone(),
-                sealer.clone(),
-                &run_key,
-                run.id,
-                run.size_bytes,
-            )
-            .await?,
-        );
+        let reader = RunReader::open(
+            bucket.clone(),
+            sealer.clone(),
+            &run_key,
+            run.id,
+            run.size_bytes,
+        )
+        .await?;
+        runs.push(Arc::new(reader.with_cache(cache.clone())));
     }
-    let stored: u64 = readers.iter().map(RunReader::entry_count).sum();
-    let mut damaged = None;
-    let mut live = 0u64;
-    crate::lsm::merge::for_each_live(&readers, |k, value| {
-        live += 1;
-        match state.load_entry(k, value) {
-            Ok(()) => true,
-            Err(e) => {
-                damaged = Some(EngineError::Corrupt(format!("{key}: {e}")));
-                false
+    let objects = match manifest.objects {
+        Some(table) => table,
+        None => rebuild_object_table(&runs, &key).await?,
+    };
+    let stored: u64 = runs.iter().map(|r| r.entry_count()).sum();
+    tracing::info!(manifest = %key, runs = runs.len(), entries_stored = stored, objects = objects.live_objects().len(), "opened metadata runs");
+    Ok(Base {
+        runs,
+        infos: manifest.runs,
+        objects,
+        manifest_seq: seq,
+    })
+}
+
+/// The object table of a manifest of formats 2 and 3, which kept none: every extent pointer of
+/// its runs, read once (the next checkpoint stores the table).
+async fn rebuild_object_table(
+    runs: &[Arc<RunReader>],
+    key: &str,
+) -> Result<crate::meta::ObjectTable, EngineError> {
+    use crate::meta::run_key;
+    let sources: Vec<crate::lsm::merge::Source<'_>> = runs
+        .iter()
+        .map(|r| crate::lsm::merge::Source::Run(r.as_ref()))
+        .collect();
+    let mut table = crate::meta::ObjectTable::default();
+    let mut lz4 = Vec::new();
+    let mut damaged = false;
+    crate::lsm::merge::for_each_live_in(&sources, &[], None, |k, v| {
+        if run_key::parse_extent(k).is_some() {
+            match run_key::parse_ptr(v) {
+                Some(ptr) => table.credit(ptr),
+                None => damaged = true,
             }
+        } else if let Some(seq) = run_key::parse_lz4_object(k) {
+            lz4.push(seq);
+        } else if run_key::parse_kv(k).is_none() {
+            damaged = true;
         }
+        !damaged
     })
     .await?;
-    if let Some(e) = damaged {
-        return Err(e);
+    if damaged {
+        return Err(EngineError::Corrupt(format!(
+            "{key}: its runs hold an entry of no known kind"
+        )));
     }
-    tracing::info!(manifest = %key, runs = runs.len(), entries_stored = stored, entries_live = live, "loaded metadata runs");
-    Ok(runs)
+    for seq in lz4 {
+        table.mark_lz4(seq);
+    }
+    tracing::info!(manifest = %key, objects = table.live_objects().len(), "rebuilt the object table of a manifest of format 2 or 3");
+    Ok(table)
 }
 
 /// Loads the newest format-1 checkpoint into `state`; returns the log object it covers (0: none).

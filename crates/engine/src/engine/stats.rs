@@ -34,13 +34,22 @@ pub struct EngineStats {
     /// Extents moved out of objects that hold lz4 frames, to be sealed with zstd
     /// (`Engine::repack`).
     pub extents_resealed: u64,
-    /// Live bytes of the log objects that hold lz4 frames (`MetaState::live_bytes_in_lz4_objects`):
+    /// Live bytes of the log objects that hold lz4 frames (`ObjectTable::live_bytes_in_lz4_objects`):
     /// what re-sealing has yet to reach, at most.
     pub live_bytes_in_lz4_objects: u64,
     pub pending_bytes: u64,
     pub extents: u64,
     pub memory_cache_extents: u64,
     pub disk_cache_bytes: u64,
+    /// Decoded run blocks held by the metadata cache (`[cache] metadata_bytes_max`).
+    pub metadata_cache_bytes: u64,
+    pub metadata_cache_hits: u64,
+    pub metadata_cache_misses: u64,
+    /// Metadata held in memory beside that cache: the changes not yet in a run and the runs'
+    /// indexes (bounded by the checkpoint interval, not by the bucket).
+    pub metadata_memory_bytes: u64,
+    /// Runs the newest manifest names.
+    pub metadata_runs: u64,
 }
 
 #[derive(Default)]
@@ -73,18 +82,23 @@ impl Engine {
             log_objects_written: c.log_objects_written.load(Ordering::Relaxed),
             log_bytes_written: c.log_bytes_written.load(Ordering::Relaxed),
             log_bytes_stored: self.inner.log_bytes_stored.load(Ordering::Relaxed),
-            log_bytes_live: st.committed.live_bytes_total(),
+            log_bytes_live: st.committed.live().live_bytes_total(),
             checkpoints_written: c.checkpoints_written.load(Ordering::Relaxed),
             checkpoint_bytes_written: c.checkpoint_bytes_written.load(Ordering::Relaxed),
             log_objects_deleted: c.log_objects_deleted.load(Ordering::Relaxed),
             extents_repacked: c.extents_repacked.load(Ordering::Relaxed),
             extents_defragmented: c.extents_defragmented.load(Ordering::Relaxed),
             extents_resealed: c.extents_resealed.load(Ordering::Relaxed),
-            live_bytes_in_lz4_objects: st.committed.live_bytes_in_lz4_objects(),
+            live_bytes_in_lz4_objects: st.committed.live().live_bytes_in_lz4_objects(),
             pending_bytes: st.pending.data_bytes() as u64,
-            extents: st.committed.extent_count() as u64,
+            extents: st.committed.live().extent_count(),
             memory_cache_extents: st.clean.len() as u64,
             disk_cache_bytes: self.inner.disk_cache.as_ref().map_or(0, |c| c.bytes()),
+            metadata_cache_bytes: self.inner.block_cache.bytes(),
+            metadata_cache_hits: self.inner.block_cache.hits(),
+            metadata_cache_misses: self.inner.block_cache.misses(),
+            metadata_memory_bytes: st.committed.memory_bytes() as u64,
+            metadata_runs: st.committed.base().runs.len() as u64,
         }
     }
 }

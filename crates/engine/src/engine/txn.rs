@@ -125,6 +125,9 @@ impl Txn {
     }
 }
 
+/// A value read from a committed base, and that base.
+type BaseValue = (Arc<Base>, Option<Vec<u8>>);
+
 impl Engine {
     /// Applies the transaction atomically if its conditions hold, else changes nothing and
     /// answers [`EngineError::Conflict`] naming the first key that did not match. Durable at the
@@ -141,11 +144,26 @@ impl Engine {
                 self.copy_whole_extents(offset, length, fill).into_iter()
             })
             .collect();
+        // Values of condition keys read from the committed base, valid while it is the base
+        // (a checkpoint replaces it with one that reads the same).
+        let mut from_base: HashMap<Vec<u8>, BaseValue> = HashMap::new();
         loop {
-            let (missing, commit_gen) = {
+            let (missing, commit_gen, base, unread) = {
                 let mut st = self.inner.state.lock();
+                let base = st.committed.base().clone();
+                let mut unread = Vec::new();
                 for (key, expect) in &txn.expects {
-                    if !expect.holds(st.kv_get(key).as_deref()) {
+                    let value = match st.kv_get(key) {
+                        Here::Is(v) => v,
+                        Here::NotHere => match from_base.get(key) {
+                            Some((b, v)) if Arc::ptr_eq(b, &base) => v.clone(),
+                            _ => {
+                                unread.push(key.clone());
+                                continue;
+                            }
+                        },
+                    };
+                    if !expect.holds(value.as_deref()) {
                         return Err(EngineError::Conflict {
                             key: key.escape_ascii().to_string(),
                             expected: format!("{expect:?}"),
@@ -153,22 +171,36 @@ impl Engine {
                     }
                 }
                 let mut missing = Vec::new();
-                for (ino, offset, length, _) in txn.fills() {
-                    io::stored_bases(&mut st, ino, offset, length, &mut missing);
-                }
-                if missing.is_empty() {
-                    self.apply_txn(&mut st, txn, &mut copies);
-                    st.write_gen += 1;
-                    let pending_bytes = st.pending.data_bytes();
-                    drop(st);
-                    if writes_data {
-                        self.write_behind(pending_bytes);
+                if unread.is_empty() {
+                    for (ino, offset, length, _) in txn.fills() {
+                        io::stored_bases(&mut st, ino, offset, length, &mut missing);
                     }
-                    return Ok(());
+                    if missing.is_empty() {
+                        self.apply_txn(&mut st, txn, &mut copies);
+                        st.write_gen += 1;
+                        let pending_bytes = st.pending.data_bytes();
+                        drop(st);
+                        if writes_data {
+                            self.write_behind(pending_bytes);
+                        }
+                        return Ok(());
+                    }
                 }
-                (missing, st.commit_gen)
+                (missing, st.commit_gen, base, unread)
             };
-            self.fetch_bases(&missing, commit_gen).await?;
+            for key in unread {
+                match base.kv_get(&key).await {
+                    Ok(v) => {
+                        from_base.insert(key, (base.clone(), v));
+                    }
+                    // The base was replaced and its runs collected meanwhile: look again.
+                    Err(crate::lsm::RunError::Store(StoreError::NotFound(_))) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            if !missing.is_empty() {
+                self.fetch_bases(&missing, commit_gen, &base).await?;
+            }
         }
     }
 

@@ -1,27 +1,57 @@
-//! Reading through a stack of runs, newest first: point lookups, ordered scans with a limit, and
-//! the merge that compacts runs into one. A key's newest point entry wins, unless a range
-//! deletion of a newer run covers it (mod.rs states the rule).
+//! Reading through a stack of sources, newest first: point lookups, ordered scans with a limit,
+//! and the merge that compacts them into one run. A source is a stored run or the changes of
+//! an interval still in memory. A key's newest point entry wins, unless a range deletion of a
+//! newer source covers it (mod.rs states the rule).
 
+use super::cache::Block;
 use super::run::RunReader;
-use super::{Entry, RangeDelete, RunError};
-use std::collections::VecDeque;
+use super::{Entry, MemRun, RangeDelete, RunError};
+use std::collections::btree_map;
+use std::iter::Peekable;
 
-/// Whether a range deletion of one of `newer` covers `key`.
-fn deleted_by(newer: &[RunReader], key: &[u8]) -> bool {
-    newer
-        .iter()
-        .any(|run| run.range_deletes().iter().any(|r| r.covers(key)))
+/// One layer of a stack.
+#[derive(Clone, Copy)]
+pub enum Source<'a> {
+    Run(&'a RunReader),
+    Mem(&'a MemRun),
 }
 
-/// The value of `key`, looking through `runs` (newest first).
-// Reads through runs (not yet the engine's: it loads runs whole at open, docs/0003).
-#[cfg_attr(not(test), allow(dead_code))]
-pub async fn get(runs: &[RunReader], key: &[u8]) -> Result<Option<Vec<u8>>, RunError> {
-    for (i, run) in runs.iter().enumerate() {
-        if deleted_by(&runs[..i], key) {
+impl<'a> Source<'a> {
+    fn range_deletes(&self) -> &'a [RangeDelete] {
+        match self {
+            Source::Run(r) => r.range_deletes(),
+            Source::Mem(m) => &m.ranges,
+        }
+    }
+
+    async fn get(&self, key: &[u8]) -> Result<Option<Entry>, RunError> {
+        match self {
+            Source::Run(r) => r.get(key).await,
+            Source::Mem(m) => Ok(m.points.get(key).cloned()),
+        }
+    }
+}
+
+/// The sources of a stack of runs.
+#[cfg(test)]
+pub fn runs(runs: &[RunReader]) -> Vec<Source<'_>> {
+    runs.iter().map(Source::Run).collect()
+}
+
+/// Whether a range deletion of one of `newer` covers `key`.
+fn deleted_by(newer: &[Source<'_>], key: &[u8]) -> bool {
+    newer
+        .iter()
+        .any(|s| s.range_deletes().iter().any(|r| r.covers(key)))
+}
+
+/// The value of `key`, looking through `sources` (newest first).
+pub async fn get_in(sources: &[Source<'_>], key: &[u8]) -> Result<Option<Vec<u8>>, RunError> {
+    for (i, source) in sources.iter().enumerate() {
+        if deleted_by(&sources[..i], key) {
             return Ok(None);
         }
-        match run.get(key).await? {
+        match source.get(key).await? {
             Some(Entry::Put(value)) => return Ok(Some(value)),
             Some(Entry::Delete) => return Ok(None),
             None => {}
@@ -30,85 +60,145 @@ pub async fn get(runs: &[RunReader], key: &[u8]) -> Result<Option<Vec<u8>>, RunE
     Ok(None)
 }
 
-/// A run's point entries from some key on, one block in memory at a time.
-struct Cursor<'a> {
-    run: &'a RunReader,
-    next_block: usize,
-    entries: VecDeque<(Vec<u8>, Entry)>,
-    end: Option<&'a [u8]>,
+/// The value of `key`, looking through `runs` (newest first).
+#[cfg(test)]
+pub async fn get(runs_: &[RunReader], key: &[u8]) -> Result<Option<Vec<u8>>, RunError> {
+    get_in(&runs(runs_), key).await
+}
+
+/// A source's point entries from some key on: for a run, one block in memory at a time.
+enum Cursor<'a> {
+    Run {
+        run: &'a RunReader,
+        next_block: usize,
+        block: Option<Block>,
+        at: usize,
+        end: Option<&'a [u8]>,
+    },
+    Mem {
+        entries: Peekable<btree_map::Range<'a, Vec<u8>, Entry>>,
+        end: Option<&'a [u8]>,
+    },
 }
 
 impl<'a> Cursor<'a> {
     async fn new(
-        run: &'a RunReader,
+        source: Source<'a>,
         start: &[u8],
         end: Option<&'a [u8]>,
     ) -> Result<Cursor<'a>, RunError> {
-        let mut c = Cursor {
-            run,
-            next_block: run.block_from(start),
-            entries: VecDeque::new(),
-            end,
-        };
-        c.fill().await?;
-        while c.entries.front().is_some_and(|(k, _)| k.as_slice() < start) {
-            c.entries.pop_front();
-            c.fill().await?;
+        match source {
+            Source::Mem(m) => Ok(Cursor::Mem {
+                entries: m
+                    .points
+                    .range::<[u8], _>((
+                        std::ops::Bound::Included(start),
+                        std::ops::Bound::Unbounded,
+                    ))
+                    .peekable(),
+                end,
+            }),
+            Source::Run(run) => {
+                let mut c = Cursor::Run {
+                    run,
+                    next_block: run.block_from(start),
+                    block: None,
+                    at: 0,
+                    end,
+                };
+                c.fill().await?;
+                while c.head().is_some_and(|k| k < start) {
+                    c.pop();
+                    c.fill().await?;
+                }
+                Ok(c)
+            }
         }
-        Ok(c)
     }
 
     /// Loads the next block when the current one is used up and the next may still be in range.
     async fn fill(&mut self) -> Result<(), RunError> {
-        while self.entries.is_empty() && self.next_block < self.run.block_count() {
-            if self
-                .end
-                .is_some_and(|end| self.run.block_first_key(self.next_block) >= end)
-            {
-                self.next_block = self.run.block_count();
+        let Cursor::Run {
+            run,
+            next_block,
+            block,
+            at,
+            end,
+        } = self
+        else {
+            return Ok(());
+        };
+        while block.as_ref().is_none_or(|b| *at >= b.len()) && *next_block < run.block_count() {
+            if end.is_some_and(|end| run.block_first_key(*next_block) >= end) {
+                *next_block = run.block_count();
                 break;
             }
-            self.entries = self.run.block(self.next_block).await?.into();
-            self.next_block += 1;
+            *block = Some(run.block(*next_block).await?);
+            *at = 0;
+            *next_block += 1;
         }
         Ok(())
     }
 
-    fn head(&self) -> Option<&[u8]> {
-        self.entries
-            .front()
-            .map(|(k, _)| k.as_slice())
-            .filter(|k| self.end.is_none_or(|end| *k < end))
+    fn head(&mut self) -> Option<&[u8]> {
+        let (key, end) = match self {
+            Cursor::Run { block, at, end, .. } => (
+                block
+                    .as_ref()
+                    .and_then(|b| b.get(*at))
+                    .map(|(k, _)| k.as_slice()),
+                *end,
+            ),
+            Cursor::Mem { entries, end } => (entries.peek().map(|(k, _)| k.as_slice()), *end),
+        };
+        key.filter(|k| end.is_none_or(|end| *k < end))
+    }
+
+    fn pop(&mut self) -> (Vec<u8>, Entry) {
+        match self {
+            Cursor::Run { block, at, .. } => {
+                let entry = block.as_ref().expect("a head was seen")[*at].clone();
+                *at += 1;
+                entry
+            }
+            Cursor::Mem { entries, .. } => {
+                let (k, e) = entries.next().expect("a head was seen");
+                (k.clone(), e.clone())
+            }
+        }
     }
 }
 
-/// Merges `runs` (newest first) over `start..end` (`None`: to the last key) and calls `emit` with
-/// each key's winning entry and the index of the run it came from, in key order, until `emit`
-/// says stop. Entries a newer run's range deletion covers are skipped.
+/// Merges `sources` (newest first) over `start..end` (`None`: to the last key) and calls `emit`
+/// with each key's winning entry, in key order, until `emit` says stop. Entries a newer
+/// source's range deletion covers are skipped.
 async fn merge(
-    runs: &[RunReader],
+    sources: &[Source<'_>],
     start: &[u8],
     end: Option<&[u8]>,
-    mut emit: impl FnMut(Vec<u8>, Entry, usize) -> bool,
+    mut emit: impl FnMut(Vec<u8>, Entry) -> bool,
 ) -> Result<(), RunError> {
-    let mut cursors = Vec::with_capacity(runs.len());
-    for run in runs {
-        cursors.push(Cursor::new(run, start, end).await?);
+    let mut cursors = Vec::with_capacity(sources.len());
+    for source in sources {
+        cursors.push(Cursor::new(*source, start, end).await?);
     }
     loop {
-        // The smallest head; on a tie the newest run (lowest index) wins.
-        let Some((winner, key)) = cursors
-            .iter()
-            .enumerate()
-            .filter_map(|(i, c)| c.head().map(|k| (i, k.to_vec())))
-            .min_by(|a, b| a.1.cmp(&b.1).then(a.0.cmp(&b.0)))
-        else {
+        // The smallest head; on a tie the newest source (lowest index) wins.
+        let mut best: Option<(usize, Vec<u8>)> = None;
+        for (i, c) in cursors.iter_mut().enumerate() {
+            if let Some(k) = c.head() {
+                if best.as_ref().is_none_or(|(_, b)| k < b.as_slice()) {
+                    best = Some((i, k.to_vec()));
+                }
+            }
+        }
+        let Some((winner, key)) = best else {
             return Ok(());
         };
         let mut entry = None;
         for (i, c) in cursors.iter_mut().enumerate() {
             if c.head() == Some(key.as_slice()) {
-                let (_, e) = c.entries.pop_front().expect("a head was seen");
+                let (_, e) = c.pop();
                 if i == winner {
                     entry = Some(e);
                 }
@@ -116,28 +206,30 @@ async fn merge(
             }
         }
         let entry = entry.expect("the winner had the key");
-        if !deleted_by(&runs[..winner], &key) && !emit(key, entry, winner) {
+        if !deleted_by(&sources[..winner], &key) && !emit(key, entry) {
             return Ok(());
         }
     }
 }
 
-/// Up to `limit` live pairs with keys in `start..end`, in key order.
-// Reads through runs (not yet the engine's: it loads runs whole at open, docs/0003).
-#[cfg_attr(not(test), allow(dead_code))]
-pub async fn scan(
-    runs: &[RunReader],
+/// Up to `limit` live pairs with keys in `start..end` (`None`: to the last key), in key order,
+/// leaving out those `hidden` says something newer hides.
+pub async fn scan_in(
+    sources: &[Source<'_>],
     start: &[u8],
-    end: &[u8],
+    end: Option<&[u8]>,
     limit: usize,
+    hidden: impl Fn(&[u8]) -> bool,
 ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, RunError> {
     let mut out = Vec::new();
-    if limit == 0 || start >= end {
+    if limit == 0 || end.is_some_and(|end| start >= end) {
         return Ok(out);
     }
-    merge(runs, start, Some(end), |key, entry, _| {
+    merge(sources, start, end, |key, entry| {
         if let Entry::Put(value) = entry {
-            out.push((key, value));
+            if !hidden(&key) {
+                out.push((key, value));
+            }
         }
         out.len() < limit
     })
@@ -145,30 +237,43 @@ pub async fn scan(
     Ok(out)
 }
 
-/// Calls `visit` with every live pair of `runs` (newest first), in key order, one block per run
-/// in memory at a time; stops early when `visit` returns false.
-pub async fn for_each_live(
-    runs: &[RunReader],
+/// Up to `limit` live pairs of `runs` with keys in `start..end`, in key order.
+#[cfg(test)]
+pub async fn scan(
+    runs_: &[RunReader],
+    start: &[u8],
+    end: &[u8],
+    limit: usize,
+) -> Result<Vec<(Vec<u8>, Vec<u8>)>, RunError> {
+    scan_in(&runs(runs_), start, Some(end), limit, |_| false).await
+}
+
+/// Calls `visit` with every live pair of `sources` (newest first) in `start..end`, in key
+/// order, one block per run in memory at a time; stops early when `visit` returns false.
+pub async fn for_each_live_in(
+    sources: &[Source<'_>],
+    start: &[u8],
+    end: Option<&[u8]>,
     mut visit: impl FnMut(&[u8], &[u8]) -> bool,
 ) -> Result<(), RunError> {
-    merge(runs, &[], None, |key, entry, _| match entry {
+    merge(sources, start, end, |key, entry| match entry {
         Entry::Put(value) => visit(&key, &value),
         Entry::Delete => true,
     })
     .await
 }
 
-/// What one run replacing all of `runs` (newest first) must hold. Into the bottom of the stack
-/// (nothing older below), deletions have nothing left to hide and are dropped.
-// Merging runs (stage 2: today a checkpoint rewrites the whole map from memory instead).
-#[cfg_attr(not(test), allow(dead_code))]
-pub async fn compact(
-    runs: &[RunReader],
+/// What one run replacing all of `sources` (newest first) must hold, leaving out the keys
+/// `keep` refuses. Into the bottom of the stack (nothing older below), deletions have nothing
+/// left to hide and are dropped.
+pub async fn compact_in(
+    sources: &[Source<'_>],
     bottom: bool,
+    keep: impl Fn(&[u8]) -> bool,
 ) -> Result<(Vec<(Vec<u8>, Entry)>, Vec<RangeDelete>), RunError> {
     let mut entries = Vec::new();
-    merge(runs, &[], None, |key, entry, _| {
-        if !(bottom && entry == Entry::Delete) {
+    merge(sources, &[], None, |key, entry| {
+        if !(bottom && entry == Entry::Delete) && keep(&key) {
             entries.push((key, entry));
         }
         true
@@ -177,13 +282,22 @@ pub async fn compact(
     let ranges = if bottom {
         Vec::new()
     } else {
-        let mut all: Vec<RangeDelete> = runs
+        let mut all: Vec<RangeDelete> = sources
             .iter()
-            .flat_map(|r| r.range_deletes().iter().cloned())
+            .flat_map(|s| s.range_deletes().iter().cloned())
             .collect();
         all.sort();
         all.dedup();
         all
     };
     Ok((entries, ranges))
+}
+
+/// What one run replacing all of `runs` (newest first) must hold.
+#[cfg(test)]
+pub async fn compact(
+    runs_: &[RunReader],
+    bottom: bool,
+) -> Result<(Vec<(Vec<u8>, Entry)>, Vec<RangeDelete>), RunError> {
+    compact_in(&runs(runs_), bottom, |_| true).await
 }

@@ -9,6 +9,7 @@
 //! the in-memory map (engine/recovery.rs). Reading them on demand, with bounded memory, is the
 //! next step (docs/0003).
 
+pub mod cache;
 pub mod merge;
 pub mod run;
 
@@ -58,14 +59,17 @@ pub struct MemRun {
 }
 
 impl MemRun {
+    #[cfg(test)]
     pub fn put(&mut self, key: Vec<u8>, value: Vec<u8>) {
         self.points.insert(key, Entry::Put(value));
     }
 
+    #[cfg(test)]
     pub fn delete(&mut self, key: Vec<u8>) {
         self.points.insert(key, Entry::Delete);
     }
 
+    #[cfg(test)]
     pub fn delete_range(&mut self, start: Vec<u8>, end: Vec<u8>) {
         if start >= end {
             return;

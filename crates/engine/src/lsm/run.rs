@@ -13,6 +13,7 @@
 //! lookup reads the tail and the index once per run (kept while the run is open), then one
 //! block: one ranged GET.
 
+use super::cache::{Block, BlockCache};
 use super::{Entry, RangeDelete, RunError};
 use crate::bucket::SharedBucket;
 use crate::crypto::Sealer;
@@ -254,15 +255,27 @@ fn decode_block(plain: &[u8]) -> Result<Vec<(Vec<u8>, Entry)>, &'static str> {
     Ok(entries)
 }
 
-/// An open run: its index in memory (a small fraction of the run), its blocks read on demand.
+/// An open run: its index in memory (a small fraction of the run), its blocks read on demand
+/// through the block cache.
 pub struct RunReader {
     key: String,
     run_id: u64,
+    /// This reader's number in the block cache.
+    uid: u64,
     bucket: SharedBucket,
     sealer: Arc<Sealer>,
+    cache: Option<Arc<BlockCache>>,
     blocks: Vec<BlockRef>,
     ranges: Vec<RangeDelete>,
     entry_count: u64,
+}
+
+impl Drop for RunReader {
+    fn drop(&mut self) {
+        if let Some(cache) = &self.cache {
+            cache.drop_reader(self.uid);
+        }
+    }
 }
 
 impl RunReader {
@@ -274,25 +287,42 @@ impl RunReader {
         run_id: u64,
         size: u64,
     ) -> Result<RunReader, RunError> {
-        let malformed = || RunError::Malformed {
-            key: key.to_string(),
-        };
-        if size < HEADER_BYTES as u64 + TAIL_BYTES {
-            return Err(malformed());
-        }
+        check_size(key, size)?;
         let tail = bucket.get_range(key, size - TAIL_BYTES..size).await?;
-        let mut r = Reader { buf: &tail, at: 0 };
-        let (offset, length) = (
-            r.u64().ok_or_else(malformed)?,
-            r.u64().ok_or_else(malformed)?,
-        );
-        if r.take(8) != Some(RUN_END_MAGIC.as_slice())
-            || offset < HEADER_BYTES as u64
-            || offset.checked_add(length) != Some(size - TAIL_BYTES)
-        {
-            return Err(malformed());
-        }
+        let (offset, length) = index_location(key, size, &tail)?;
         let sealed = bucket.get_range(key, offset..offset + length).await?;
+        Self::with_index(bucket, sealer, key, run_id, offset, &sealed)
+    }
+
+    /// Opens a run from the object just written (`object`), without reading it back.
+    pub fn from_object(
+        bucket: SharedBucket,
+        sealer: Arc<Sealer>,
+        key: &str,
+        run_id: u64,
+        object: &[u8],
+    ) -> Result<RunReader, RunError> {
+        let size = object.len() as u64;
+        check_size(key, size)?;
+        let (offset, length) = index_location(key, size, &object[(size - TAIL_BYTES) as usize..])?;
+        let sealed = &object[offset as usize..(offset + length) as usize];
+        Self::with_index(bucket, sealer, key, run_id, offset, sealed)
+    }
+
+    /// Reads blocks through `cache` from now on.
+    pub fn with_cache(mut self, cache: Arc<BlockCache>) -> RunReader {
+        self.cache = Some(cache);
+        self
+    }
+
+    fn with_index(
+        bucket: SharedBucket,
+        sealer: Arc<Sealer>,
+        key: &str,
+        run_id: u64,
+        offset: u64,
+        sealed: &[u8],
+    ) -> Result<RunReader, RunError> {
         let fail = |why| RunError::Block {
             key: key.to_string(),
             block: u64::MAX,
@@ -305,7 +335,7 @@ impl RunReader {
         let plain = open_compressed(
             &sealer,
             &index_aad(run_id),
-            &sealed,
+            sealed,
             RUN_INDEX_PLAIN_BYTES_MAX,
             fail,
             unauthentic,
@@ -354,12 +384,31 @@ impl RunReader {
         Ok(RunReader {
             key: key.to_string(),
             run_id,
+            uid: super::cache::next_reader_id(),
             bucket,
             sealer,
+            cache: None,
             blocks,
             ranges,
             entry_count,
         })
+    }
+
+    pub fn run_id(&self) -> u64 {
+        self.run_id
+    }
+
+    /// Bytes of memory the open run keeps: its index.
+    pub fn index_bytes(&self) -> usize {
+        self.blocks
+            .iter()
+            .map(|b| 48 + b.first_key.len() + b.last_key.len())
+            .sum::<usize>()
+            + self
+                .ranges
+                .iter()
+                .map(|r| 48 + r.start.len() + r.end.len())
+                .sum::<usize>()
     }
 
     pub fn range_deletes(&self) -> &[RangeDelete] {
@@ -383,8 +432,11 @@ impl RunReader {
         &self.blocks[block].first_key
     }
 
-    /// Reads and checks block number `block` (one ranged GET).
-    pub async fn block(&self, block: usize) -> Result<Vec<(Vec<u8>, Entry)>, RunError> {
+    /// Block number `block`: from the cache, or read and checked (one ranged GET).
+    pub async fn block(&self, block: usize) -> Result<Block, RunError> {
+        if let Some(found) = self.cache.as_ref().and_then(|c| c.get(self.uid, block)) {
+            return Ok(found);
+        }
         let b = &self.blocks[block];
         let range = b.offset..b.offset + u64::from(b.length);
         let sealed = self.bucket.get_range(&self.key, range).await?;
@@ -410,6 +462,10 @@ impl RunReader {
         if *first != b.first_key || *last != b.last_key {
             return Err(fail("keys differ from the index"));
         }
+        let entries: Block = Arc::new(entries);
+        if let Some(cache) = &self.cache {
+            cache.put(self.uid, block, entries.clone());
+        }
         Ok(entries)
     }
 
@@ -425,4 +481,32 @@ impl RunReader {
             .ok()
             .map(|i| entries[i].1.clone()))
     }
+}
+
+/// Where the index of a run of `size` bytes is, from its tail (the last `TAIL_BYTES`).
+fn index_location(key: &str, size: u64, tail: &[u8]) -> Result<(u64, u64), RunError> {
+    let malformed = || RunError::Malformed {
+        key: key.to_string(),
+    };
+    let mut r = Reader { buf: tail, at: 0 };
+    let (offset, length) = (
+        r.u64().ok_or_else(malformed)?,
+        r.u64().ok_or_else(malformed)?,
+    );
+    if r.take(8) != Some(RUN_END_MAGIC.as_slice())
+        || offset < HEADER_BYTES as u64
+        || offset.checked_add(length) != Some(size - TAIL_BYTES)
+    {
+        return Err(malformed());
+    }
+    Ok((offset, length))
+}
+
+fn check_size(key: &str, size: u64) -> Result<(), RunError> {
+    if size < HEADER_BYTES as u64 + TAIL_BYTES {
+        return Err(RunError::Malformed {
+            key: key.to_string(),
+        });
+    }
+    Ok(())
 }
