@@ -569,10 +569,9 @@ impl JournalShared {
 /// Files are created in the staging directory, not under their own names, because creating a
 /// file holds its directory's lock for the whole inode allocation, and the create-only check of
 /// every PUT (`Journaling::put`) looks a name up in that directory: it waited behind those
-/// creations, on the critical path of every fsync (docs/0002). A rename
-/// holds the lock only briefly, and it is also atomic and create-only: a reader never sees a
-/// half-written object, and an object that some other process stored under the same name is
-/// never overwritten.
+/// creations, on the critical path of every fsync (docs/0002). A rename holds the lock only
+/// briefly, and it is also atomic and create-only: a reader never sees a half-written object,
+/// and an object that some other process stored under the same name is never overwritten.
 fn store_files(root: &Path, objects: &[(&str, &[u8])]) -> std::io::Result<()> {
     let mut staged: Vec<(PathBuf, File)> = Vec::with_capacity(objects.len());
     let result = (|| {
