@@ -8,7 +8,7 @@ slice's loop device as MAJOR,MINOR). Keeps that device's events, in order, and m
 side the time between consecutive events (a WRITE's issue to its completion, that to the next
 FLUSH's issue, ...) and the cycle (FLUSH completion to the next). Under pgbench rw-sync every
 commit group is one WRITE of the WAL followed by one FLUSH, and requests never overlap
-(docs/benchmarks.md), so these are the round trips and the cycle is one group commit. Where
+(docs/benchmarks/2026-11-24-rw-sync-gap.md), so these are the round trips and the cycle is one group commit. Where
 requests overlap (other workloads), a span is counted only when nothing happened in between."""
 import collections
 import glob

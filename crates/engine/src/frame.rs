@@ -73,12 +73,11 @@ const INCOMPRESSIBLE_BITS_PER_BYTE: f32 = 7.4;
 /// full zstd pass for next to nothing. Two 512-byte samples, one from each half of the extent
 /// (so a 4 KiB write into an otherwise empty extent still counts as compressible), give an
 /// estimate of the bytes' entropy (Shannon, with the Miller-Madow correction for a small
-/// sample) in about half a microsecond. The lz4 pass over the same samples used before cost
-/// 13 % of bucketfs's CPU under 1 MiB sequential writes (perf, 2-core VM), and missed what
-/// only entropy coding compresses (hex digits: lz4 finds no matches, zstd halves them).
-/// lz4 is not probed: it gives up on 8 KiB of random bytes in 0.7 us (lz4_flex, same VM), about
-/// what the probe costs, and under pgbench rw-sync, whose pages it compresses (on the fsync
-/// path, engine.rs), the probe was 1.8 % of bucketfs's CPU (perf).
+/// sample) in about half a microsecond: cheaper than an lz4 pass over the samples, and it also
+/// catches what only entropy coding compresses (hex digits: lz4 finds no matches, zstd halves
+/// them). lz4 is not probed: it gives up on random bytes about as fast as the probe runs.
+/// Measurements: docs/benchmarks/2026-11-23-where-the-gaps-come-from.md (1 MiB writes) and
+/// 2026-11-24-journal-storer-and-eraser.md.
 fn looks_incompressible(plain: &[u8]) -> bool {
     let stride = plain.len() / PROBES;
     let mut counts = [0u16; 256];

@@ -1,9 +1,7 @@
 //! Every size, count and budget of the engine, in one place, each with the reason for its value.
 
-/// Files are cut into extents of this size (recorded in the superblock). Measured on 2 cores
-/// with fio 4k random writes at queue depth 16: 32 KiB extents sealed and stored ~20 KB per
-/// 4 KiB write (12k IOPS, bound by sealing and writing those bytes); 8 KiB extents match
-/// PostgreSQL's page, cut that to ~4 KB and reached 20k+ IOPS, at the price of 4x more extent
+/// Files are cut into extents of this size (recorded in the superblock). PostgreSQL's page: a
+/// random 4 KiB write seals and stores 8 KiB rather than 32, at the price of 4x more extent
 /// pointers (docs/0001-bucket-layout-and-flush.md, "Costs").
 pub const EXTENT_SIZE_BYTES: usize = 8 * 1024;
 pub const EXTENT_SIZE_BYTES_U64: u64 = EXTENT_SIZE_BYTES as u64;
@@ -14,9 +12,8 @@ pub const PENDING_BYTES_MAX: usize = 64 * 1024 * 1024;
 
 /// Unflushed data held in memory (pending, and sealed but not yet committed) before writers wait
 /// for a commit. Twice PENDING_BYTES_MAX, so writers fill the next batch while the last one
-/// uploads: with one bound for both, 1 MiB sequential writes stopped during every upload of a
-/// 40-50 MB object, and the machine idled a fifth of the time; with this one they ran 1.11 times
-/// as fast (fio, docs/benchmarks.md, "Sealing the next batch during an upload").
+/// uploads instead of stopping during every upload (docs/0001, "When flushes happen"; fio:
+/// docs/benchmarks/2026-11-26-pipelined-bulk-writes.md).
 pub const DIRTY_BYTES_MAX: usize = 2 * PENDING_BYTES_MAX;
 
 /// Log objects uploaded at once. They commit strictly in order, so after a crash the bucket may

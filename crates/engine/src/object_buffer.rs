@@ -1,9 +1,8 @@
 //! Reusable buffers for log objects.
 //!
 //! The log object of a write-heavy flush is tens of MiB. Allocating it afresh for every flush
-//! costs more than sealing it: every new page faults and is zeroed by the kernel (measured on the
-//! 2-core VM: sealing 16 MiB of extents into fresh memory ran at 227 MB/s, into reused memory at
-//! 870 MB/s). So the buffers of uploaded objects are kept and reused. A buffer only grows; its
+//! costs more than sealing it: every new page faults and is zeroed by the kernel. So the buffers
+//! of uploaded objects are kept and reused. A buffer only grows; its
 //! length is the most it ever held, and the object is the prefix `..len` of it.
 
 use crate::limits::{COPIED_OBJECT_BYTES_MAX, OBJECT_BUFFERS_KEPT};
@@ -66,8 +65,7 @@ impl ObjectBuffer {
     /// the pool: the store may hold an object for long (a `file://` bucket's journal keeps it
     /// until it is stored as a file or deleted, up to 30 s), and a pool drained by held
     /// buffers hands out fresh memory, which the kernel faults in and zeroes page by page
-    /// (17 % of bucketfs's CPU under fsync-heavy pgbench before this; with a 256 KiB limit,
-    /// 40 % under pgbench with `synchronous_commit = off`, whose flushes are up to ~1 MiB).
+    /// (docs/benchmarks/2026-11-24-rounds-versus-profiles.md).
     pub fn into_bytes(self) -> Bytes {
         if self.len <= COPIED_OBJECT_BYTES_MAX {
             Bytes::copy_from_slice(self.as_ref())

@@ -1,6 +1,7 @@
 //! Values fitted to a workload on a machine, with their defaults: settable in the config's
 //! `[tuning]` table (`bucketfs init` lists them), unlike the structural limits of limits.rs.
-//! Each says what it was fitted to; the measurements are in docs/benchmarks.md.
+//! Each says what it was fitted to; the measurements are dated files under docs/benchmarks/,
+//! listed in docs/benchmarks.md.
 
 use crate::limits::{EXTENT_SIZE_BYTES, PENDING_BYTES_MAX};
 use serde::{Deserialize, Serialize};

@@ -3,9 +3,9 @@
 //! A small object is durable once its record is in this preallocated file: one direct,
 //! synchronous write into blocks that already exist, which changes no file-system metadata and
 //! so costs a device write and cache flush, not a file-system journal commit. Writing the object
-//! as a file of its own (create, write, fsync, link, fsync the directory: two journal commits,
-//! ~0.5 ms idle and over 1 ms under load on the test VM) then happens in the background; once
-//! that file is durable the record is released and its header zeroed. An object deleted while
+//! as a file of its own (create, write, fsync, link, fsync the directory: two journal commits)
+//! then happens in the background; once that file is durable the record is released and its
+//! header zeroed. An object deleted while
 //! it is only in the journal never becomes a file: its record is released the same way, or,
 //! for garbage (`DeleteMode::Garbage`), forgotten, and zeroed later with other forgotten
 //! records by a few long writes that are not synced.
@@ -30,10 +30,9 @@ use std::path::Path;
 
 /// Size of the journal file; when the ring is full, objects are written as files directly.
 /// Objects stay in it until they are `JOURNAL_STORE_AFTER_S` old or it is seven eighths full
-/// (`JOURNAL_STORE_ABOVE_BYTES`, local.rs): at pgbench's ~3 MiB/s of log objects (8 clients,
-/// `synchronous_commit = on`), half of 64 MiB lasted ~12 s and 54 % of the objects still
-/// became files; with 256 MiB, 20 %. Their bytes are held in memory meanwhile, so this also
-/// bounds that memory.
+/// (`JOURNAL_STORE_ABOVE_BYTES`, local.rs), so it must hold an fsync-heavy load's objects for
+/// that long (a 64 MiB ring did not); their bytes are held in memory meanwhile, so this also
+/// bounds that memory. Measurements: docs/benchmarks/2026-11-26-0002-journal-rules-measured.md.
 pub const JOURNAL_BYTES: u64 = 256 * 1024 * 1024;
 /// Objects up to this size go through the journal; larger ones gain nothing from it (they are
 /// not on the critical path of an fsync) and would crowd it.
@@ -427,14 +426,11 @@ impl Journal {
 
 /// Writes zeros over many ranges of the journal: the headers that `release` clears (a batch
 /// of stored files at a time) and `erase_forgotten`'s writes, one per run of forgotten
-/// records (about three records each under pgbench rw-sync, cut by live records between
-/// them), hundreds after each checkpoint's collection. Made one `pwrite` at a time,
-/// each was a notification of the virtual disk and a sleep until it completed: 5.5 % of
-/// bucketfs's CPU under rw-sync, half of it the notifications (perf, 2-core VM). Submitted
-/// together through io_uring, the block layer hands a batch to the device with one
-/// notification: 4096 scattered 4 KiB direct writes cost ~90 ms of CPU one `pwrite` at a time
-/// and ~7 ms submitted 128 at a time (fio, same VM). Where io_uring is not available (a
-/// kernel without it, a sandbox that forbids it), the writes are made one at a time.
+/// records, hundreds after each checkpoint's collection. They are submitted together through
+/// io_uring, so the block layer hands a batch to the device with one notification instead of
+/// one notification and one sleep per write (docs/0002, "How zeros are written"). Where
+/// io_uring is not available (a kernel without it, a sandbox that forbids it), the writes are
+/// made one at a time.
 struct Eraser {
     /// `None` without io_uring; dropped for good if waiting for a batch ever fails.
     ring: Mutex<Option<io_uring::IoUring>>,
@@ -449,11 +445,8 @@ impl std::fmt::Debug for Eraser {
 }
 
 /// Writes submitted to io_uring at once (its submission queue's size). Small, because a
-/// record written meanwhile waits on the device behind every zeroing write queued before it
-/// (this VM's disk serves its queue one request at a time). `bench/ab`, pgbench rw-sync, 12
-/// slices of 30 s, against the build that wrote the zeros one at a time: with batches of 128,
-/// TPS 0.963 (0.90-1.02) and server CPU per transaction 0.994; with 16, TPS **1.050**
-/// (1.01-1.11) and CPU **0.914** (0.88-0.94).
+/// record written meanwhile may wait on the device behind every zeroing write queued before it;
+/// 128 saved the CPU but not the time (docs/benchmarks/2026-11-24-journal-storer-and-eraser.md).
 const ERASE_BATCH_WRITES: usize = 16;
 
 /// ERASE_WRITE_BYTES_MAX zeroed bytes, block-aligned, for as long as the process lives: a write

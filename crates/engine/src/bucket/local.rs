@@ -1,13 +1,12 @@
 //! A bucket in a local directory (`file://`), the embedded default.
 //!
 //! object_store's LocalFileSystem moves every request to a blocking thread and reopens the file
-//! each time; for 4 KiB random reads that cost more than the read (measured with perf: 40 % of
-//! the CPU in context switches). Here ranged reads are `pread`s on cached file handles, done in
-//! place (objects are immutable and page-cached), while writes, which fsync, run on blocking
-//! threads. Every PUT is durable when it returns: the file and its directory are fsynced.
-//! Large objects are written with direct I/O: copying them into the page cache cost more CPU
-//! than sealing them (perf, 1 MiB sequential NBD writes: 37 % of the server's CPU), and the
-//! engine's own cache, not the kernel's, keeps what is worth keeping.
+//! each time; for 4 KiB random reads the context switches cost more than the read. Here ranged
+//! reads are `pread`s on cached file handles, done in place (objects are immutable and
+//! page-cached), while writes, which fsync, run on blocking threads. Every PUT is durable when
+//! it returns: the file and its directory are fsynced. Large objects are written with direct
+//! I/O: copying them into the page cache cost more CPU than sealing them, and the engine's own
+//! cache, not the kernel's, keeps what is worth keeping.
 
 use super::journal::{self, Journal, Ticket};
 use super::{Bucket, DeleteMode, ObjectInfo, PutMode, StoreError};
@@ -50,12 +49,9 @@ const JOURNALED_DELETE_WAIT_MS: u32 = 10_000;
 /// see, docs/0002) and how many objects a restart after a crash has to write.
 const JOURNAL_STORE_AFTER_S: u64 = 30;
 /// Above this much of the ring in use, the oldest objects become files at once, so appends
-/// keep finding room; the eighth left lasts seconds under pgbench rw-sync, and a batch of files
-/// takes well under one. *Why not half*: rw-sync filled half of the ring before the age limit,
-/// so every object still live then became a file (256 every 10-13 s, each ~1 ms of CPU, most
-/// of it in the inode allocator of ext4 without a journal): the storer was 15 % of bucketfs's
-/// CPU, and `bench/ab` measured 0.86 of the server CPU per transaction with seven eighths
-/// (docs/0002).
+/// keep finding room; the eighth left lasts seconds under fsync-heavy load, and a batch of
+/// files takes well under one. Not half: under pgbench rw-sync half the ring filled before the
+/// age limit, so every object still live then became a file (docs/0002, "Alternatives considered").
 const JOURNAL_STORE_ABOVE_BYTES: u64 = journal::JOURNAL_BYTES / 8 * 7;
 /// The records of garbage are zeroed this long after the first of them is deleted, so that
 /// a checkpoint's collection (thousands of deletions within milliseconds under pgbench) is
@@ -571,12 +567,11 @@ impl JournalShared {
 /// and each directory is fsynced once.
 ///
 /// Files are created in the staging directory, not under their own names, because creating a
-/// file holds its directory's lock for the whole inode allocation (about 1 ms under pgbench,
-/// strace), and the create-only check of every PUT (`Journaling::put`) looks a name up in that
-/// directory: it waited behind those creations, on the critical path of every fsync. A rename
-/// holds the lock only briefly, and it is also atomic and create-only: a reader never sees a
-/// half-written object, and an object that some other process stored under the same name is
-/// never overwritten.
+/// file holds its directory's lock for the whole inode allocation, and the create-only check of
+/// every PUT (`Journaling::put`) looks a name up in that directory: it waited behind those
+/// creations, on the critical path of every fsync (docs/0002). A rename holds the lock only
+/// briefly, and it is also atomic and create-only: a reader never sees a half-written object,
+/// and an object that some other process stored under the same name is never overwritten.
 fn store_files(root: &Path, objects: &[(&str, &[u8])]) -> std::io::Result<()> {
     let mut staged: Vec<(PathBuf, File)> = Vec::with_capacity(objects.len());
     let result = (|| {

@@ -102,9 +102,8 @@ impl Engine {
     /// Seals the pending batch on a background task. Once its batch is sealed, the task lets the
     /// next kick seal another, and kicks it itself if enough is pending by then, so sealing
     /// overlaps with the upload before it. Writers held at DIRTY_BYTES_MAX wait for a commit
-    /// and kick only after it: under 1 MiB sequential writes every seal then waited for the
-    /// upload before it, and the machine idled a quarter of the time (docs/benchmarks.md,
-    /// "Sealing the next batch during an upload").
+    /// and kick only after it, so without this every seal would wait for the upload before it
+    /// (docs/benchmarks/2026-11-26-pipelined-bulk-writes.md).
     pub(super) fn kick_background_flush(&self) {
         if self.inner.background_flush.swap(true, Ordering::AcqRel) {
             return;

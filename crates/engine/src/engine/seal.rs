@@ -16,13 +16,12 @@ pub(super) fn cpu_count() -> usize {
 impl Engine {
     /// The codec a batch of `extents` is sealed with. With zstd configured, lz4 where a client
     /// waits on the seal at a steady cadence:
-    /// - the small batches of fsync-driven flushes: zstd was most of their sealing, and with
-    ///   lz4 bucketfs used ~5 % less CPU per pgbench rw-sync transaction (bench/ab), though it
-    ///   uploads about a third more bytes;
+    /// - the small batches of fsync-driven flushes: zstd was most of their sealing;
     /// - any batch a client's barrier or write-behind seals while the barriers come less than
-    ///   `Tuning::write_behind_gathered_barrier_gap_us` apart: under pgbench rw-async the barrier was
-    ///   mostly the WAL writer's ~1 MiB being sealed with zstd on cores PostgreSQL keeps busy
-    ///   (docs/benchmarks.md, "lz4 where a client waits").
+    ///   `Tuning::write_behind_gathered_barrier_gap_us` apart: the barrier would wait for zstd
+    ///   on cores the client keeps busy.
+    ///
+    /// lz4 uploads more bytes for it (docs/0001, "Codec where a client waits").
     ///
     /// The engine's own flushes (memory filling up, the periodic flush, repacking) and the
     /// barriers of a client that flushes rarely (a bulk load, fio) use the configured codec. Most
@@ -126,8 +125,7 @@ impl Engine {
         // repacks) are sealed by this thread alone: splitting them costs more than it saves
         // (`Tuning::parallel_seal_extents_min`). Larger ones on rayon's threads, which live as long as
         // the process: a thread started per batch would set up its zstd contexts and random
-        // generator afresh, in freshly faulted memory (2 % of bucketfs's CPU under pgbench
-        // rw-sync, where repacked objects were such batches; perf).
+        // generator afresh, in freshly faulted memory.
         let lens: Vec<Vec<usize>> = if threads == 1 {
             stretches
                 .chunks_mut(stretch)

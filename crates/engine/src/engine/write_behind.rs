@@ -13,8 +13,8 @@ impl Engine {
     /// meanwhile go together in its next object, so a burst of writes is not cut into an object
     /// each. The task starts when the writer's task next waits, so a caller that answers its
     /// client from that task (the NBD server does) sends the reply first. Yielding here instead
-    /// put the task at the back of the run queue and woke the other worker to steal it: 10 %
-    /// more server CPU per transaction under pgbench rw-sync (docs/benchmarks.md).
+    /// would put the task at the back of the run queue and wake the other worker to steal it, a
+    /// wake-up per write (docs/benchmarks/2026-11-24-rw-sync-gap.md).
     pub(super) fn write_behind(&self, pending_bytes: usize) {
         if !self.write_behind_due(pending_bytes)
             || self.inner.write_behind_running.swap(true, Ordering::AcqRel)

@@ -135,8 +135,8 @@ pub enum MetaOp {
         end: Vec<u8>,
     },
     /// Log object `seq` holds frames sealed with lz4. Comes after the object's `ExtentSet`s;
-    /// the collector re-seals such frames with zstd once they have outlived a checkpoint
-    /// interval (docs/0001, "Re-sealing lz4 frames").
+    /// the collector re-seals such frames with zstd once they are aged
+    /// (`Tuning::reseal_after_s`; docs/0001, "Re-sealing lz4 frames").
     HoldsLz4 {
         seq: u64,
     },
