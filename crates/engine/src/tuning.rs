@@ -33,8 +33,8 @@ pub struct Tuning {
     /// pile up under write-heavy load.
     pub log_bytes_per_checkpoint: u64,
     /// A checkpoint is due once the log objects after the last one number the map's extents /
-    /// this, within the two bounds below: a checkpoint encodes the whole map today, so this
-    /// bounds its cost per log object written.
+    /// this, within the two bounds below: a checkpoint may merge every run, so this bounds
+    /// that cost per log object written.
     pub checkpoint_extents_per_log_object: u64,
     /// Fewest log objects between checkpoints.
     pub log_objects_per_checkpoint_min: u64,
