@@ -10,8 +10,9 @@ use std::path::Path;
 
 /// The TLS mode and the allow-list of the NBD listeners.
 pub fn nbd_policy(nbd: &NbdServerConfig) -> Result<Policy, String> {
+    // An empty allow-list admits nobody, like any list that does not name a client.
     let access = match &nbd.allow {
-        Some(allow) if !allow.is_empty() => Access::ByCommonName(
+        Some(allow) => Access::ByCommonName(
             allow
                 .iter()
                 .map(|(identity, exports)| {
@@ -22,7 +23,7 @@ pub fn nbd_policy(nbd: &NbdServerConfig) -> Result<Policy, String> {
                 })
                 .collect(),
         ),
-        _ => Access::Everyone,
+        None => Access::Everyone,
     };
     let mode = nbd.tls_mode();
     let (Some(cert_path), Some(key_path)) = (&nbd.tls_cert, &nbd.tls_key) else {
@@ -145,6 +146,9 @@ mod tests {
         let policy = nbd_policy(&config).unwrap();
         assert!(policy.access.permits(Some("alice"), "disk1"));
         assert!(!policy.access.permits(Some("CN=alice"), "disk1"));
+        config.allow = Some(Default::default());
+        let policy = nbd_policy(&config).unwrap();
+        assert!(!policy.access.permits(Some("alice"), "disk1"));
     }
 
     #[test]

@@ -292,8 +292,8 @@ const DECLARED: &[Key] = &[
         Example("{ \"CN=alice\" = [\"disk1\", \"disk2\"], \"CN=backup\" = [\"*\"] }"),
         "Which block devices each client may see and open, by the common name (CN) of its \
          verified certificate; \"*\" stands for all of them. Needs tls_client_ca. A client \
-         whose name is not listed sees none, and a device it may not use is answered as if it \
-         did not exist. Unset: every client may use every block device.",
+         whose name is not listed sees none (so {} admits nobody), and a device it may not use \
+         is answered as if it did not exist. Unset: every client may use every block device.",
     ),
     // A unix socket by default, where the file mode is the access control: the admin endpoint
     // can delete block devices.

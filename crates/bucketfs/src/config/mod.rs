@@ -432,8 +432,7 @@ impl Config {
                 ),
             ));
         }
-        if nbd.allow.as_ref().is_some_and(|allow| !allow.is_empty()) && nbd.tls_client_ca.is_none()
-        {
+        if nbd.allow.is_some() && nbd.tls_client_ca.is_none() {
             return Err(invalid(
                 "allow",
                 "an allow-list by certificate needs verified client certificates: set \

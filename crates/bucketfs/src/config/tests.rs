@@ -959,6 +959,9 @@ fn allow_list_entries_are_checked() {
     );
     assert!(error(&with("[\"disk1\"]"))
         .starts_with("bucketfs.toml: servers.nbd.allow: expected a table"));
+    // Even an empty list needs verified certificates: it admits nobody.
+    assert!(error(&format!("[servers.nbd]\n{TLS_FILES}allow = {{}}\n"))
+        .starts_with("bucketfs.toml: servers.nbd.allow: an allow-list by certificate needs"));
 }
 
 #[test]
