@@ -440,7 +440,6 @@ check_second_writer() {
     cp "$CONFIG" "$cfg"
     config_set "$cfg" cache dir "\"$CASE_DIR/second/cache\""
     config_set "$cfg" servers.nbd listen "[\"127.0.0.1:$(pick_unused_port)\"]"
-    config_set "$cfg" admin listen "\"127.0.0.1:$(pick_unused_port)\""
     start=$SECONDS
     out="$(timeout 60 "$BUCKETFS" run -c "$cfg" 2>&1)" || rc=$?
     ((rc != 124)) || die "a second bucketfs run on a bucket in use did not exit within 60 s"

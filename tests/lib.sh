@@ -36,7 +36,10 @@
 #   TEST_DIR                   fresh temporary directory of this test run (removed on exit)
 #   BACKEND, CASE_DIR          inside for_each_backend: the backend ("file"|"s3") and its own dir
 #   CONFIG, CONFIG_DIR         set by make_config: the config file and the directory holding it
-#   NBD_PORT, ADMIN_PORT       set (and exported) by make_config: the ports in that config
+#   NBD_PORT                   set (and exported) by make_config: the NBD port in that config
+#   ADMIN_SOCKET               set by make_config: the admin endpoint's unix socket (the
+#                              default, admin.sock in cache.dir; a second server given a copy of
+#                              the config needs an admin.socket of its own)
 #   BUCKET_URL                 set by make_config: storage.url
 #   BUCKET_DIR                 set by make_config for the file backend: the bucket directory
 #   S3_BUCKET, S3_PREFIX       set by make_config for s3: the bucket and the key prefix
@@ -120,6 +123,7 @@ BUCKET_URL=""
 BUCKET_DIR=""
 S3_PREFIX=""
 CACHE_DIR=""
+ADMIN_SOCKET=""
 BUCKETFS_PID=""
 BUCKETFS_LOG=""
 MOTO_PID=""
@@ -317,8 +321,8 @@ make_config() {
     CONFIG="$dir/bucketfs.toml"
     CACHE_DIR="$dir/cache"
     NBD_PORT="$(pick_unused_port)"
-    ADMIN_PORT="$(pick_unused_port)"
-    export NBD_PORT ADMIN_PORT
+    ADMIN_SOCKET="$CACHE_DIR/admin.sock"
+    export NBD_PORT
     BUCKET_DIR=""
     S3_PREFIX=""
     case "$kind" in
@@ -367,9 +371,6 @@ make_config() {
         echo
         echo "[servers.nbd]"
         echo "listen = [\"127.0.0.1:$NBD_PORT\"]"
-        echo
-        echo "[admin]"
-        echo "listen = \"127.0.0.1:$ADMIN_PORT\""
     } >"$CONFIG"
 }
 

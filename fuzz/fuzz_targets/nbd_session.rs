@@ -25,7 +25,7 @@ fuzz_target!(|data: &[u8]| {
         .expect("a runtime");
     rt.block_on(async {
         let (mut client, server) = tokio::io::duplex(1 << 16);
-        let serve = bucketfs_nbd::serve_connection(server, exports());
+        let serve = bucketfs_nbd::serve_connection(server, exports(), Default::default());
         let talk = async move {
             let (mut rx, mut tx) = tokio::io::split(&mut client);
             let send = async {

@@ -6,6 +6,7 @@ mod config;
 mod exports;
 mod run;
 mod size;
+mod tls;
 
 use clap::{Parser, Subcommand};
 
@@ -161,7 +162,7 @@ fn init(output: &str, force: bool) -> Result<(), String> {
 
 async fn admin_call(config: Option<&PathBuf>, request: admin::Request) -> Result<(), String> {
     let cfg = load_config(config)?;
-    let reply = admin::call(cfg.admin.listen, &request).await?;
+    let reply = admin::call(&cfg.admin_socket(), &request).await?;
     match request {
         admin::Request::List => {
             if let Some(devs) = reply.as_array() {

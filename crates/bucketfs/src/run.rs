@@ -104,6 +104,8 @@ pub async fn run(
     for w in cfg.exposure_warnings() {
         tracing::warn!("{w}");
     }
+    // Certificates are read before the bucket is opened, so that a bad one fails at once.
+    let policy = Arc::new(crate::tls::nbd_policy(&cfg.servers.nbd)?);
     let password = password(&cfg, config.is_some())?;
     let (bucket, counting) = open_bucket(&cfg)?;
     let mut opts = engine_options(&cfg, password, read_only || checkpoint.is_some());
@@ -117,22 +119,32 @@ pub async fn run(
     let fs = Arc::new(Fs::open(engine.clone()).await.map_err(|e| e.to_string())?);
     let exports = Arc::new(BlockDevices { fs: fs.clone() });
 
-    let admin_listener = tokio::net::TcpListener::bind(cfg.admin.listen)
-        .await
-        .map_err(|e| format!("admin.listen {}: {e}", cfg.admin.listen))?;
     let admin = Arc::new(Admin {
         fs: fs.clone(),
         counts: counting,
     });
-    tokio::spawn(admin.serve(admin_listener));
+    let admin_socket = cfg.admin_socket();
+    let admin_listener = crate::admin::bind_socket(&admin_socket)?;
+    tokio::spawn(admin.clone().serve_socket(admin_listener));
+    if let (Some(addr), Some(token)) = (cfg.admin.listen, &cfg.admin.token) {
+        let l = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| format!("admin.listen {addr}: {e}"))?;
+        tracing::info!(%addr, "serving the admin endpoint over TCP (requests need admin.token)");
+        tokio::spawn(admin.serve_tcp(l, token.clone()));
+    }
+
+    let tls_mode = cfg.servers.nbd.tls_mode();
+    let client_certificates = cfg.servers.nbd.tls_client_ca.is_some();
     for addr in &cfg.servers.nbd.listen {
         let l = tokio::net::TcpListener::bind(addr)
             .await
             .map_err(|e| format!("servers.nbd.listen {addr}: {e}"))?;
-        tracing::info!(%addr, "serving NBD (no authentication: keep it on a trusted network)");
+        tracing::info!(%addr, tls = tls_mode.as_str(), client_certificates, "serving NBD");
         let exports = exports.clone();
+        let policy = policy.clone();
         tokio::spawn(async move {
-            if let Err(e) = bucketfs_nbd::serve_tcp(l, exports).await {
+            if let Err(e) = bucketfs_nbd::serve_tcp(l, exports, policy).await {
                 tracing::error!(error = %e, "NBD TCP server stopped");
             }
         });
@@ -141,16 +153,17 @@ pub async fn run(
         let _ = std::fs::remove_file(path);
         let l = tokio::net::UnixListener::bind(path)
             .map_err(|e| format!("servers.nbd.unix_socket {}: {e}", path.display()))?;
-        tracing::info!(path = %path.display(), "serving NBD on a unix socket");
+        tracing::info!(path = %path.display(), tls = tls_mode.as_str(), "serving NBD on a unix socket");
         let exports = exports.clone();
+        let policy = policy.clone();
         tokio::spawn(async move {
-            if let Err(e) = bucketfs_nbd::serve_unix(l, exports).await {
+            if let Err(e) = bucketfs_nbd::serve_unix(l, exports, policy).await {
                 tracing::error!(error = %e, "NBD unix-socket server stopped");
             }
         });
     }
     let read_only = engine.read_only();
-    tracing::info!(url = %cfg.storage.url, admin = %cfg.admin.listen, read_only, checkpoint = checkpoint.unwrap_or(""), "bucketfs is serving");
+    tracing::info!(url = %cfg.storage.url, admin = %admin_socket.display(), read_only, checkpoint = checkpoint.unwrap_or(""), "bucketfs is serving");
 
     wait_for_shutdown().await;
     tracing::info!("shutting down: flushing");
@@ -158,6 +171,9 @@ pub async fn run(
         .close()
         .await
         .map_err(|e| format!("final flush failed: {e}"))?;
+    // A socket left behind would only be replaced at the next start, but it would make a
+    // client's "is the server running?" check lie until then.
+    let _ = std::fs::remove_file(&admin_socket);
     tracing::info!("stopped cleanly");
     Ok(())
 }

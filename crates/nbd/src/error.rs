@@ -15,6 +15,14 @@ pub enum NbdError {
     Protocol(String),
     #[error("client did not finish the handshake within {0} ms")]
     HandshakeTimeout(u64),
+    /// The client asked for an export with NBD_OPT_EXPORT_NAME without starting TLS, which
+    /// the server requires; that option cannot carry an error, so the session ends.
+    #[error("client chose an export without starting TLS, which this server requires")]
+    TlsRequired,
+    /// The TLS handshake after NBD_OPT_STARTTLS failed (for instance a client certificate
+    /// that the configured CA did not sign); too late to go on without TLS.
+    #[error("TLS handshake failed: {0}")]
+    TlsHandshake(io::Error),
     /// NBD_OPT_EXPORT_NAME cannot carry an error, so a failed open ends the session.
     #[error("export {name:?} could not be opened: {source}")]
     Open { name: String, source: ExportError },

@@ -17,6 +17,7 @@ pub const FLAG_C_NO_ZEROES: u32 = 1 << 1;
 pub const OPT_EXPORT_NAME: u32 = 1;
 pub const OPT_ABORT: u32 = 2;
 pub const OPT_LIST: u32 = 3;
+pub const OPT_STARTTLS: u32 = 5;
 pub const OPT_INFO: u32 = 6;
 pub const OPT_GO: u32 = 7;
 pub const OPT_STRUCTURED_REPLY: u32 = 8;
@@ -31,6 +32,7 @@ const REP_ERROR_BIT: u32 = 1 << 31;
 pub const REP_ERR_UNSUP: u32 = REP_ERROR_BIT | 1;
 pub const REP_ERR_POLICY: u32 = REP_ERROR_BIT | 2;
 pub const REP_ERR_INVALID: u32 = REP_ERROR_BIT | 3;
+pub const REP_ERR_TLS_REQD: u32 = REP_ERROR_BIT | 5;
 pub const REP_ERR_UNKNOWN: u32 = REP_ERROR_BIT | 6;
 pub const REP_ERR_TOO_BIG: u32 = REP_ERROR_BIT | 9;
 

@@ -35,6 +35,7 @@ const REP_SERVER: u32 = 2;
 const REP_INFO: u32 = 3;
 const REP_META_CONTEXT: u32 = 4;
 const REP_ERR_UNSUP: u32 = (1 << 31) + 1;
+const REP_ERR_POLICY: u32 = (1 << 31) + 2;
 const REP_ERR_INVALID: u32 = (1 << 31) + 3;
 const REP_ERR_UNKNOWN: u32 = (1 << 31) + 6;
 const REP_ERR_TOO_BIG: u32 = (1 << 31) + 9;
@@ -336,7 +337,7 @@ fn bad_option_magic_closes_the_connection() {
 fn unknown_options_are_unsupported_and_negotiation_goes_on() {
     let (_f, server) = server();
     let mut client = Client::start(&server);
-    for option in [99u32, OPT_STARTTLS, 4, 0xdead_beef] {
+    for option in [99u32, 4, 0xdead_beef] {
         client.option(option, b"some data");
         let reply = client.option_reply();
         assert_eq!((reply.option, reply.reply_type), (option, REP_ERR_UNSUP));
@@ -345,6 +346,20 @@ fn unknown_options_are_unsupported_and_negotiation_goes_on() {
     let info = client.option_reply();
     assert_eq!(info.reply_type, REP_INFO);
     assert_eq!(&info.data[0..2], &INFO_EXPORT.to_be_bytes());
+}
+
+#[test]
+fn starttls_is_refused_by_policy_when_tls_is_off_and_negotiation_goes_on() {
+    let (_f, server) = server();
+    let mut client = Client::start(&server);
+    client.option(OPT_STARTTLS, &[]);
+    let reply = client.option_reply();
+    assert_eq!(
+        (reply.option, reply.reply_type),
+        (OPT_STARTTLS, REP_ERR_POLICY)
+    );
+    client.option(OPT_GO, &info_request("ro", &[]));
+    assert_eq!(client.option_reply().reply_type, REP_INFO);
 }
 
 #[test]

@@ -12,6 +12,7 @@ async fn serve_connection_runs_over_any_byte_stream() {
     let server = tokio::spawn(bucketfs_nbd::serve_connection(
         server_side,
         f.exports.clone(),
+        Default::default(),
     ));
 
     let mut greeting = [0u8; 18];

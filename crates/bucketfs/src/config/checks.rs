@@ -9,7 +9,8 @@ use toml::{Table, Value};
 
 use super::keys::{self, Check};
 use super::{
-    join_key, negative_size_message, Compression, ConfigError, UNIX_SOCKET_PATH_BYTES_MAX,
+    join_key, negative_size_message, Compression, ConfigError, TlsMode, ALLOW_COMMON_NAME_PREFIX,
+    UNIX_SOCKET_PATH_BYTES_MAX,
 };
 use crate::size::parse_size;
 
@@ -226,4 +227,62 @@ pub(super) fn check_storage_url(value: &Value) -> Result<(), String> {
         "memory" => bad("memory:// takes nothing after it"),
         _ => bad(&format!("unsupported scheme {scheme:?}")),
     }
+}
+
+pub(super) fn check_tls_mode(value: &Value) -> Result<(), String> {
+    let name = expect_string(value, "one of off, optional, required")?;
+    TlsMode::from_str(name).map(|_| ())
+}
+
+/// Shorter tokens can be guessed by trying; 16 random characters cannot.
+pub(super) const ADMIN_TOKEN_CHARS_MIN: usize = 16;
+
+pub(super) fn check_token(value: &Value) -> Result<(), String> {
+    let token = expect_string(value, "a string")?;
+    let chars = token.chars().count();
+    if chars < ADMIN_TOKEN_CHARS_MIN {
+        return Err(format!(
+            "a token needs at least {ADMIN_TOKEN_CHARS_MIN} characters, this one has {chars}"
+        ));
+    }
+    Ok(())
+}
+
+/// `{ "CN=name" = ["export", ...], ... }`: the identity form is spelled out so that other
+/// forms (a certificate fingerprint, say) can be added later without ambiguity.
+pub(super) fn check_allow(value: &Value) -> Result<(), String> {
+    const EXPECTED: &str =
+        "a table such as { \"CN=alice\" = [\"disk1\"] } (certificate name = export names)";
+    let Value::Table(entries) = value else {
+        return Err(format!("expected {EXPECTED}, found {}", describe(value)));
+    };
+    for (identity, exports) in entries {
+        match identity.strip_prefix(ALLOW_COMMON_NAME_PREFIX) {
+            Some(name) if !name.is_empty() => {}
+            _ => {
+                return Err(format!(
+                    "entry {identity:?}: expected a certificate name written \
+                     \"{ALLOW_COMMON_NAME_PREFIX}name\""
+                ))
+            }
+        }
+        let Value::Array(names) = exports else {
+            return Err(format!(
+                "entry {identity:?}: expected an array of export names, found {}",
+                describe(exports)
+            ));
+        };
+        for name in names {
+            match name {
+                Value::String(name) if !name.is_empty() => {}
+                other => {
+                    return Err(format!(
+                        "entry {identity:?}: expected export names (or \"*\"), found {}",
+                        describe(other)
+                    ))
+                }
+            }
+        }
+    }
+    Ok(())
 }

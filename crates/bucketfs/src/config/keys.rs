@@ -9,6 +9,7 @@ use std::sync::LazyLock;
 
 use toml::{Table, Value};
 
+use super::checks::{check_allow, check_tls_mode, check_token};
 use super::checks::{
     check_bool, check_compression, check_flush_interval, check_path, check_positive_seconds,
     check_size, check_socket_address, check_storage_url, check_string, check_unix_socket, CheckFn,
@@ -242,30 +243,90 @@ const DECLARED: &[Key] = &[
         Example("false"),
         "Use the local Azurite emulator and its well-known development account.",
     ),
-    // NBD has no authentication, so by default it listens on loopback only. 10809 is the
-    // port IANA assigned to NBD.
+    // Without TLS NBD has no authentication, so by default it listens on loopback only. 10809
+    // is the port IANA assigned to NBD.
     key(
         "servers.nbd.listen",
         Each(check_socket_address),
         default("[\"127.0.0.1:10809\"]"),
-        "TCP addresses of the NBD server; [] turns TCP off. NBD has no authentication: anyone \
-         who can connect can read and write every block device, so keep it on loopback unless \
-         the network is trusted.",
+        "TCP addresses of the NBD server; [] turns TCP off. Without TLS and client \
+         certificates (below) NBD has no authentication: anyone who can connect can read and \
+         write every block device, so keep it on loopback unless the network is trusted; \
+         bucketfs warns at start when it is not.",
     ),
     key(
         "servers.nbd.unix_socket",
         One(check_unix_socket),
         Example("\"/run/bucketfs/nbd.sock\""),
         "Unix socket of the NBD server, where file permissions control access; unset means \
-         none.",
+         none. The TLS settings below apply to it too.",
     ),
-    // The admin endpoint has no authentication either, so it is loopback-only too.
+    // Unset rather than a fixed default: a certificate switches TLS on, and an operator who
+    // configures one should not also have to remember to require it.
+    key(
+        "servers.nbd.tls",
+        One(check_tls_mode),
+        Example("\"required\""),
+        "TLS for NBD (the protocol's NBD_OPT_STARTTLS): off, optional (clients may start TLS) \
+         or required (clients must, before anything else). Unset: required when tls_cert is \
+         set, off otherwise. Clients: nbdinfo/nbdcopy with nbds://...?tls-certificates=DIR, \
+         qemu with --object tls-creds-x509. TLS with a pre-shared key (PSK) is not available: \
+         rustls, the TLS library, does not implement it.",
+    ),
+    key(
+        "servers.nbd.tls_cert",
+        One(check_path),
+        Example("\"/etc/bucketfs/nbd-server-cert.pem\""),
+        "PEM file with the server's certificate (then any intermediate certificates). Clients \
+         check it against their CA and the address they connect to.",
+    ),
+    key(
+        "servers.nbd.tls_key",
+        One(check_path),
+        Example("\"/etc/bucketfs/nbd-server-key.pem\""),
+        "PEM file with the private key of tls_cert (PKCS#8, PKCS#1 or SEC1).",
+    ),
+    key(
+        "servers.nbd.tls_client_ca",
+        One(check_path),
+        Example("\"/etc/bucketfs/nbd-client-ca.pem\""),
+        "PEM file with the CA certificate(s) that sign client certificates. When set, every \
+         client must present a certificate signed by one of them, and tls must be required. \
+         Without it, TLS encrypts but anyone who can connect may use every block device.",
+    ),
+    key(
+        "servers.nbd.allow",
+        One(check_allow),
+        Example("{ \"CN=alice\" = [\"disk1\", \"disk2\"], \"CN=backup\" = [\"*\"] }"),
+        "Which block devices each client may see and open, by the common name (CN) of its \
+         verified certificate; \"*\" stands for all of them. Needs tls_client_ca. A client \
+         whose name is not listed sees none (so {} admits nobody), and a device it may not use \
+         is answered as if it did not exist. Unset: every client may use every block device.",
+    ),
+    // A unix socket by default, where the file mode is the access control: the admin endpoint
+    // can delete block devices.
+    key(
+        "admin.socket",
+        One(check_unix_socket),
+        Example("\"/run/bucketfs/admin.sock\""),
+        "Unix socket of the admin endpoint that the CLI (`bucketfs nbd create ...`, `bucketfs \
+         status`) talks to, created with mode 0600: only the user that runs the server, and \
+         root, can use it. Unset: admin.sock in cache.dir.",
+    ),
     key(
         "admin.listen",
         One(check_socket_address),
-        default("\"127.0.0.1:10810\""),
-        "Address of the admin endpoint that the CLI (`bucketfs nbd create ...`) talks to. It \
-         has no authentication either, so keep it on loopback.",
+        Example("\"127.0.0.1:10810\""),
+        "Also serve the admin endpoint on this TCP address, for tools on other machines; \
+         unset means no TCP. Needs admin.token. The CLI always uses the socket.",
+    ),
+    key(
+        "admin.token",
+        One(check_token),
+        Example("\"${BUCKETFS_ADMIN_TOKEN}\""),
+        "Secret that every request over admin.listen must carry (its \"token\" field); at \
+         least 16 characters. It travels in clear text, so keep admin.listen on a trusted \
+         network.",
     ),
 ];
 

@@ -19,6 +19,7 @@
 //! and substitution must see the parsed values (not the text) so that a missing variable can
 //! be blamed on the key that uses it and a value cannot inject TOML syntax.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -43,6 +44,12 @@ pub use template::init_template;
 
 /// `sun_path` holds 108 bytes on Linux, one of them the terminating NUL.
 pub const UNIX_SOCKET_PATH_BYTES_MAX: usize = 107;
+
+/// How an entry of `servers.nbd.allow` names a client certificate: by its subject's CN.
+pub const ALLOW_COMMON_NAME_PREFIX: &str = "CN=";
+
+/// The admin socket's file name in `cache.dir` when `admin.socket` is unset.
+pub const ADMIN_SOCKET_FILE_NAME: &str = "admin.sock";
 
 /// The whole configuration file, as typed values. The keys, their checks and their defaults
 /// are declared in keys.rs; defaults are set before deserialisation, so only the keys that
@@ -125,12 +132,44 @@ pub struct NbdServerConfig {
     /// Empty means no TCP listener.
     pub listen: Vec<SocketAddr>,
     pub unix_socket: Option<PathBuf>,
+    /// Unset: see [`NbdServerConfig::tls_mode`].
+    pub tls: Option<TlsMode>,
+    /// Set together with `tls_key` (checked).
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+    /// Set only with TLS required (checked).
+    pub tls_client_ca: Option<PathBuf>,
+    /// Keys are `CN=name` (checked); set only with `tls_client_ca` (checked).
+    pub allow: Option<BTreeMap<String, Vec<String>>>,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AdminConfig {
-    pub listen: SocketAddr,
+    /// Unset: [`Config::admin_socket`].
+    pub socket: Option<PathBuf>,
+    /// TCP in addition to the socket; set together with `token` (checked).
+    pub listen: Option<SocketAddr>,
+    pub token: Option<String>,
+}
+
+/// The TLS mode of the NBD server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TlsMode {
+    Off,
+    Optional,
+    Required,
+}
+
+impl NbdServerConfig {
+    /// The mode in effect: `tls` when set, else required with a certificate and off without.
+    pub fn tls_mode(&self) -> TlsMode {
+        match (self.tls, &self.tls_cert) {
+            (Some(mode), _) => mode,
+            (None, Some(_)) => TlsMode::Required,
+            (None, None) => TlsMode::Off,
+        }
+    }
 }
 
 /// Codec for file data before it is sealed.
@@ -244,22 +283,47 @@ impl Config {
             .expect("the declared defaults are valid (tested)")
     }
 
+    /// The admin endpoint's unix socket: `admin.socket`, else admin.sock in `cache.dir`, a
+    /// directory that is this server's own (its cache is locked to one process).
+    pub fn admin_socket(&self) -> PathBuf {
+        self.admin
+            .socket
+            .clone()
+            .unwrap_or_else(|| self.cache.dir.join(ADMIN_SOCKET_FILE_NAME))
+    }
+
     /// Settings that work but that the operator should know about, one sentence each.
     pub fn exposure_warnings(&self) -> Vec<String> {
         let mut warnings = Vec::new();
-        for address in &self.servers.nbd.listen {
-            if !address.ip().is_loopback() {
+        let nbd = &self.servers.nbd;
+        // Only a required TLS with verified client certificates keeps strangers out.
+        let exposure = match (nbd.tls_mode(), &nbd.tls_client_ca) {
+            (TlsMode::Off, _) => Some(
+                "TLS is off: anyone who can reach it can read and write every block device, in \
+                 clear text (set servers.nbd.tls_cert, tls_key and tls_client_ca)",
+            ),
+            (TlsMode::Optional, _) => Some(
+                "TLS is only optional: anyone who can reach it can read and write every block \
+                 device without it (set servers.nbd.tls = \"required\")",
+            ),
+            (TlsMode::Required, None) => Some(
+                "client certificates are not required: traffic is encrypted, but anyone who \
+                 can reach it can read and write every block device (set \
+                 servers.nbd.tls_client_ca)",
+            ),
+            (TlsMode::Required, Some(_)) => None,
+        };
+        if let Some(exposure) = exposure {
+            for address in nbd.listen.iter().filter(|a| !a.ip().is_loopback()) {
                 warnings.push(format!(
-                    "servers.nbd.listen: {address} is not a loopback address, and NBD has no \
-                     authentication: anyone who can reach it can read and write every block device"
+                    "servers.nbd.listen: {address} is not a loopback address, and {exposure}"
                 ));
             }
         }
-        if !self.admin.listen.ip().is_loopback() {
+        if let Some(address) = self.admin.listen.filter(|a| !a.ip().is_loopback()) {
             warnings.push(format!(
-                "admin.listen: {} is not a loopback address, and the admin endpoint has no \
-                 authentication: anyone who can reach it can manage this server",
-                self.admin.listen
+                "admin.listen: {address} is not a loopback address, and the admin token \
+                 travels over it in clear text"
             ));
         }
         if self.storage.url.starts_with("memory://") {
@@ -289,25 +353,95 @@ impl Config {
                 ));
             }
         }
-        if let Some(nbd) = listen
-            .iter()
-            .find(|a| addresses_clash(a, &self.admin.listen))
-        {
-            return Err(invalid(
-                "admin.listen",
-                format!(
-                    "{} clashes with {nbd} in servers.nbd.listen; give the admin endpoint a port \
-                     of its own",
-                    self.admin.listen
-                ),
-            ));
+        if let Some(admin) = self.admin.listen {
+            if let Some(nbd) = listen.iter().find(|a| addresses_clash(a, &admin)) {
+                return Err(invalid(
+                    "admin.listen",
+                    format!(
+                        "{admin} clashes with {nbd} in servers.nbd.listen; give the admin \
+                         endpoint a port of its own"
+                    ),
+                ));
+            }
         }
+        match (&self.admin.listen, &self.admin.token) {
+            (Some(_), None) => {
+                return Err(invalid(
+                    "admin.token",
+                    "admin.listen serves the admin endpoint over TCP, where only a token keeps \
+                     others out: set admin.token too"
+                        .to_string(),
+                ))
+            }
+            (None, Some(_)) => {
+                return Err(invalid(
+                    "admin.token",
+                    "a token is only used with admin.listen (the socket is protected by its \
+                     file mode): set admin.listen, or remove the token"
+                        .to_string(),
+                ))
+            }
+            _ => {}
+        }
+        self.check_nbd_tls(origin)?;
         self.tuning
             .validate()
             .map_err(|message| ConfigError::InvalidTuning {
                 path: origin.to_path_buf(),
                 message,
             })
+    }
+}
+
+impl Config {
+    /// The TLS keys of `[servers.nbd]` agree with each other.
+    fn check_nbd_tls(&self, origin: &Path) -> Result<(), ConfigError> {
+        let invalid = |key: &str, message: &str| ConfigError::InvalidValue {
+            path: origin.to_path_buf(),
+            key: format!("servers.nbd.{key}"),
+            message: message.to_string(),
+        };
+        let nbd = &self.servers.nbd;
+        match (&nbd.tls_cert, &nbd.tls_key) {
+            (Some(_), None) => {
+                return Err(invalid(
+                    "tls_key",
+                    "tls_cert is set, so the private key of that certificate must be set too",
+                ))
+            }
+            (None, Some(_)) => {
+                return Err(invalid(
+                    "tls_cert",
+                    "tls_key is set, so the certificate of that key must be set too",
+                ))
+            }
+            _ => {}
+        }
+        let mode = nbd.tls_mode();
+        if mode != TlsMode::Off && nbd.tls_cert.is_none() {
+            return Err(invalid(
+                "tls",
+                &format!("TLS {} needs tls_cert and tls_key", mode.as_str()),
+            ));
+        }
+        if nbd.tls_client_ca.is_some() && mode != TlsMode::Required {
+            return Err(invalid(
+                "tls_client_ca",
+                &format!(
+                    "client certificates need tls = \"required\" (it is \"{}\"): otherwise a \
+                     client could connect without one",
+                    mode.as_str()
+                ),
+            ));
+        }
+        if nbd.allow.is_some() && nbd.tls_client_ca.is_none() {
+            return Err(invalid(
+                "allow",
+                "an allow-list by certificate needs verified client certificates: set \
+                 tls_client_ca (and tls = \"required\")",
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -370,6 +504,48 @@ impl fmt::Debug for AzureConfig {
             .field("allow_http", &self.allow_http)
             .field("use_emulator", &self.use_emulator)
             .finish()
+    }
+}
+
+impl fmt::Debug for AdminConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AdminConfig")
+            .field("socket", &self.socket)
+            .field("listen", &self.listen)
+            .field("token", &redact(&self.token))
+            .finish()
+    }
+}
+
+impl TlsMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TlsMode::Off => "off",
+            TlsMode::Optional => "optional",
+            TlsMode::Required => "required",
+        }
+    }
+}
+
+impl FromStr for TlsMode {
+    type Err = String;
+
+    fn from_str(name: &str) -> Result<Self, Self::Err> {
+        match name {
+            "off" => Ok(TlsMode::Off),
+            "optional" => Ok(TlsMode::Optional),
+            "required" => Ok(TlsMode::Required),
+            _ => Err(format!(
+                "expected one of off, optional, required, found {name:?}"
+            )),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for TlsMode {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(deserializer)?;
+        name.parse().map_err(de::Error::custom)
     }
 }
 

@@ -66,7 +66,12 @@ fn embedded_default_is_local_and_loopback_only() {
         vec!["127.0.0.1:10809".parse().unwrap()]
     );
     assert_eq!(config.servers.nbd.unix_socket, None);
-    assert_eq!(config.admin.listen, "127.0.0.1:10810".parse().unwrap());
+    assert_eq!(config.admin.listen, None);
+    assert_eq!(
+        config.admin_socket(),
+        PathBuf::from("./bucketfs-cache/admin.sock")
+    );
+    assert_eq!(config.servers.nbd.tls_mode(), TlsMode::Off);
     assert!(config.exposure_warnings().is_empty());
     assert_eq!(config.aws, AwsConfig::default());
     assert_eq!(config.gcp, GcpConfig::default());
@@ -112,7 +117,8 @@ fn is_setting(line: &str) -> bool {
 #[test]
 fn init_template_lists_every_key_and_its_examples_are_valid() {
     let full = uncomment_examples(&init_template());
-    let any_variable = |_: &str| Some("from-env".to_string());
+    // Long enough for a token.
+    let any_variable = |_: &str| Some("from-the-environment".to_string());
     let config = Config::parse_with_env(&full, Path::new(ORIGIN), &any_variable)
         .unwrap_or_else(|error| panic!("{error}"));
     assert_eq!(
@@ -120,7 +126,15 @@ fn init_template_lists_every_key_and_its_examples_are_valid() {
         Some(PathBuf::from("/run/bucketfs/nbd.sock"))
     );
     assert_eq!(config.aws.allow_http, Some(false));
-    assert_eq!(config.gcp.service_account_key.as_deref(), Some("from-env"));
+    assert_eq!(
+        config.gcp.service_account_key.as_deref(),
+        Some("from-the-environment")
+    );
+    assert_eq!(config.servers.nbd.tls_mode(), TlsMode::Required);
+    assert_eq!(
+        config.admin_socket(),
+        PathBuf::from("/run/bucketfs/admin.sock")
+    );
     // The tuning values are commented out; uncommented, they are the defaults.
     assert_eq!(config.tuning, Tuning::default());
 
@@ -130,18 +144,19 @@ fn init_template_lists_every_key_and_its_examples_are_valid() {
         .iter()
         .filter(|leaf| !leaf.starts_with("tuning."))
         .count();
-    assert_eq!(untuned, 24);
+    assert_eq!(untuned, 31);
     for leaf in leaves {
         assert!(lookup(&table, leaf).is_some(), "the template lacks {leaf}");
     }
 }
 
-/// Every dotted key that `table` sets, tables walked into.
+/// Every dotted key that `table` sets, tables walked into unless they are a key's value
+/// (`servers.nbd.allow`).
 fn leaves_of(table: &Table, prefix: &str, out: &mut Vec<String>) {
     for (name, value) in table {
         let dotted = join_key(prefix, name);
         match value {
-            Value::Table(child) => leaves_of(child, &dotted, out),
+            Value::Table(child) if keys::find(&dotted).is_none() => leaves_of(child, &dotted, out),
             _ => out.push(dotted),
         }
     }
@@ -189,16 +204,20 @@ fn init_template_explains_every_setting() {
 fn key_table_and_structs_accept_the_same_keys() {
     // A key in the key table but not in the structs would pass stage 2 and then fail serde's
     // deny_unknown_fields with a message that names no key. Set each leaf on its own
-    // with a valid value and check that serde takes it. (A struct field missing from the
-    // table has no default, so the empty file fails to deserialise: tested above.)
+    // with a valid value and check that serde takes it: the file loads, or fails only a rule
+    // between keys (a TLS key alone, say), which runs after serde. (A struct field missing
+    // from the table has no default, so the empty file fails to deserialise: tested above.)
     let full: Table = uncomment_examples(&init_template()).parse().unwrap();
     for leaf in declared_keys() {
         let (section, key) = leaf.rsplit_once('.').unwrap();
         let value = lookup(&full, leaf).unwrap();
         let text = format!("[{section}]\n{key} = {value}\n");
-        let any_variable = |_: &str| Some("x".to_string());
-        Config::parse_with_env(&text, Path::new(ORIGIN), &any_variable)
-            .unwrap_or_else(|error| panic!("{leaf}: {error}"));
+        let any_variable = |_: &str| Some("x".repeat(16));
+        match Config::parse_with_env(&text, Path::new(ORIGIN), &any_variable) {
+            Ok(_) => {}
+            Err(ConfigError::InvalidValue { key, .. }) if key != "(file)" => {}
+            Err(error) => panic!("{leaf}: {error}"),
+        }
     }
 }
 
@@ -233,12 +252,24 @@ fn full_file_sets_every_field() {
         [servers.nbd]
         listen = ["127.0.0.1:20809", "[::1]:20809"]
         unix_socket = "/tmp/nbd.sock"
+        tls = "required"
+        tls_cert = "/etc/bucketfs/cert.pem"
+        tls_key = "/etc/bucketfs/key.pem"
+        tls_client_ca = "/etc/bucketfs/ca.pem"
+        allow = { "CN=alice" = ["disk1", "disk2"], "CN=backup" = ["*"] }
         [admin]
+        socket = "/tmp/admin.sock"
         listen = "[::1]:20810"
+        token = "${TOKEN}"
         [tuning]
         log_objects_per_checkpoint_min = 4
     "#;
-    let vars = [("BUCKET", "data"), ("PW", "pw"), ("SECRET", "s3cr3t")];
+    let vars = [
+        ("BUCKET", "data"),
+        ("PW", "pw"),
+        ("SECRET", "s3cr3t"),
+        ("TOKEN", "0123456789abcdefXYZ"),
+    ];
     let config = parse_env(text, &vars).unwrap();
     let expected = Config {
         storage: StorageConfig {
@@ -280,10 +311,23 @@ fn full_file_sets_every_field() {
                     "[::1]:20809".parse().unwrap(),
                 ],
                 unix_socket: Some(PathBuf::from("/tmp/nbd.sock")),
+                tls: Some(TlsMode::Required),
+                tls_cert: Some(PathBuf::from("/etc/bucketfs/cert.pem")),
+                tls_key: Some(PathBuf::from("/etc/bucketfs/key.pem")),
+                tls_client_ca: Some(PathBuf::from("/etc/bucketfs/ca.pem")),
+                allow: Some(BTreeMap::from([
+                    (
+                        "CN=alice".to_string(),
+                        vec!["disk1".to_string(), "disk2".to_string()],
+                    ),
+                    ("CN=backup".to_string(), vec!["*".to_string()]),
+                ])),
             },
         },
         admin: AdminConfig {
-            listen: "[::1]:20810".parse().unwrap(),
+            socket: Some(PathBuf::from("/tmp/admin.sock")),
+            listen: Some("[::1]:20810".parse().unwrap()),
+            token: Some("0123456789abcdefXYZ".to_string()),
         },
         tuning: Tuning {
             log_objects_per_checkpoint_min: 4,
@@ -407,7 +451,7 @@ fn unknown_nested_key_is_named_with_its_dotted_path() {
     assert_eq!(
         error("[servers.nbd]\nlisten = []\nexport = \"x\"\n"),
         "bucketfs.toml: unknown key `servers.nbd.export` (expected one of: listen, \
-         unix_socket)"
+         unix_socket, tls, tls_cert, tls_key, tls_client_ca, allow)"
     );
     // Dotted keys and inline tables are the same TOML, so they get the same message.
     assert_eq!(
@@ -417,7 +461,7 @@ fn unknown_nested_key_is_named_with_its_dotted_path() {
     );
     assert_eq!(
         error("admin = { listen = \"127.0.0.1:1\", port = 2 }\n"),
-        "bucketfs.toml: unknown key `admin.port` (expected one of: listen)"
+        "bucketfs.toml: unknown key `admin.port` (expected one of: socket, listen, token)"
     );
 }
 
@@ -621,8 +665,11 @@ fn listeners_that_cannot_all_bind_are_errors() {
          servers.nbd.listen; give the admin endpoint a port of its own"
     );
     // Port 0 asks for any free port, so it never clashes (tests rely on this).
-    parse("[servers.nbd]\nlisten = [\"127.0.0.1:0\", \"[::1]:0\"]\n[admin]\nlisten = \"127.0.0.1:0\"\n")
-        .unwrap();
+    parse(
+        "[servers.nbd]\nlisten = [\"127.0.0.1:0\", \"[::1]:0\"]\n[admin]\nlisten = \"127.0.0.1:0\"\n\
+         token = \"0123456789abcdef\"\n",
+    )
+    .unwrap();
     // Different specific addresses on one port are fine.
     parse("[servers.nbd]\nlisten = [\"127.0.0.1:5000\", \"[::1]:5000\"]\n").unwrap();
 }
@@ -826,7 +873,7 @@ fn debug_output_redacts_secrets() {
 fn exposure_warnings_for_public_listeners_and_memory_storage() {
     let config = parse(
         "[storage]\nurl = \"memory://\"\n[servers.nbd]\nlisten = [\"0.0.0.0:10809\"]\n\
-         [admin]\nlisten = \"192.168.1.5:10810\"\n",
+         [admin]\nlisten = \"192.168.1.5:10810\"\ntoken = \"0123456789abcdef\"\n",
     )
     .unwrap();
     let warnings = config.exposure_warnings();
@@ -834,4 +881,153 @@ fn exposure_warnings_for_public_listeners_and_memory_storage() {
     assert!(warnings[0].starts_with("servers.nbd.listen: 0.0.0.0:10809 is not a loopback"));
     assert!(warnings[1].starts_with("admin.listen: 192.168.1.5:10810 is not a loopback"));
     assert!(warnings[2].starts_with("storage.url: memory://"));
+}
+
+// --- TLS, the allow-list and the admin endpoint ---------------------------------------------
+
+const TLS_FILES: &str = "tls_cert = \"/c.pem\"\ntls_key = \"/k.pem\"\n";
+
+#[test]
+fn a_certificate_makes_tls_required_unless_told_otherwise() {
+    let config = parse(&format!("[servers.nbd]\n{TLS_FILES}")).unwrap();
+    assert_eq!(config.servers.nbd.tls_mode(), TlsMode::Required);
+    let config = parse(&format!("[servers.nbd]\n{TLS_FILES}tls = \"optional\"\n")).unwrap();
+    assert_eq!(config.servers.nbd.tls_mode(), TlsMode::Optional);
+    let config = parse(&format!("[servers.nbd]\n{TLS_FILES}tls = \"off\"\n")).unwrap();
+    assert_eq!(config.servers.nbd.tls_mode(), TlsMode::Off);
+}
+
+#[test]
+fn tls_keys_that_disagree_are_errors_naming_the_key() {
+    assert_eq!(
+        error("[servers.nbd]\ntls_cert = \"/c.pem\"\n"),
+        "bucketfs.toml: servers.nbd.tls_key: tls_cert is set, so the private key of that \
+         certificate must be set too"
+    );
+    assert_eq!(
+        error("[servers.nbd]\ntls_key = \"/k.pem\"\n"),
+        "bucketfs.toml: servers.nbd.tls_cert: tls_key is set, so the certificate of that key \
+         must be set too"
+    );
+    assert_eq!(
+        error("[servers.nbd]\ntls = \"required\"\n"),
+        "bucketfs.toml: servers.nbd.tls: TLS required needs tls_cert and tls_key"
+    );
+    assert_eq!(
+        error("[servers.nbd]\ntls = \"sometimes\"\n"),
+        "bucketfs.toml: servers.nbd.tls: expected one of off, optional, required, found \
+         \"sometimes\""
+    );
+    assert_eq!(
+        error(&format!(
+            "[servers.nbd]\n{TLS_FILES}tls = \"optional\"\ntls_client_ca = \"/ca.pem\"\n"
+        )),
+        "bucketfs.toml: servers.nbd.tls_client_ca: client certificates need tls = \"required\" \
+         (it is \"optional\"): otherwise a client could connect without one"
+    );
+    assert_eq!(
+        error(&format!(
+            "[servers.nbd]\n{TLS_FILES}allow = {{ \"CN=a\" = [\"d\"] }}\n"
+        )),
+        "bucketfs.toml: servers.nbd.allow: an allow-list by certificate needs verified client \
+         certificates: set tls_client_ca (and tls = \"required\")"
+    );
+}
+
+#[test]
+fn allow_list_entries_are_checked() {
+    let with = |allow: &str| {
+        format!("[servers.nbd]\n{TLS_FILES}tls_client_ca = \"/ca.pem\"\nallow = {allow}\n")
+    };
+    let config = parse(&with("{ \"CN=alice\" = [\"disk1\"], \"CN=b\" = [\"*\"] }")).unwrap();
+    assert_eq!(config.servers.nbd.allow.unwrap().len(), 2);
+    assert_eq!(
+        error(&with("{ alice = [\"disk1\"] }")),
+        "bucketfs.toml: servers.nbd.allow: entry \"alice\": expected a certificate name written \
+         \"CN=name\""
+    );
+    assert_eq!(
+        error(&with("{ \"CN=\" = [\"disk1\"] }")),
+        "bucketfs.toml: servers.nbd.allow: entry \"CN=\": expected a certificate name written \
+         \"CN=name\""
+    );
+    assert_eq!(
+        error(&with("{ \"CN=alice\" = \"disk1\" }")),
+        "bucketfs.toml: servers.nbd.allow: entry \"CN=alice\": expected an array of export \
+         names, found string \"disk1\""
+    );
+    assert_eq!(
+        error(&with("{ \"CN=alice\" = [\"\"] }")),
+        "bucketfs.toml: servers.nbd.allow: entry \"CN=alice\": expected export names (or \"*\"), \
+         found string \"\""
+    );
+    assert!(error(&with("[\"disk1\"]"))
+        .starts_with("bucketfs.toml: servers.nbd.allow: expected a table"));
+    // Even an empty list needs verified certificates: it admits nobody.
+    assert!(error(&format!("[servers.nbd]\n{TLS_FILES}allow = {{}}\n"))
+        .starts_with("bucketfs.toml: servers.nbd.allow: an allow-list by certificate needs"));
+}
+
+#[test]
+fn admin_tcp_needs_a_long_enough_token() {
+    assert_eq!(
+        error("[admin]\nlisten = \"127.0.0.1:10810\"\n"),
+        "bucketfs.toml: admin.token: admin.listen serves the admin endpoint over TCP, where \
+         only a token keeps others out: set admin.token too"
+    );
+    assert_eq!(
+        error("[admin]\nlisten = \"127.0.0.1:10810\"\ntoken = \"short\"\n"),
+        "bucketfs.toml: admin.token: a token needs at least 16 characters, this one has 5"
+    );
+    assert_eq!(
+        error("[admin]\ntoken = \"0123456789abcdef\"\n"),
+        "bucketfs.toml: admin.token: a token is only used with admin.listen (the socket is \
+         protected by its file mode): set admin.listen, or remove the token"
+    );
+    let config = parse("[admin]\nsocket = \"/run/b/admin.sock\"\n").unwrap();
+    assert_eq!(config.admin_socket(), PathBuf::from("/run/b/admin.sock"));
+    let config = parse("[cache]\ndir = \"/var/cache/b\"\n").unwrap();
+    assert_eq!(
+        config.admin_socket(),
+        PathBuf::from("/var/cache/b/admin.sock")
+    );
+}
+
+#[test]
+fn the_admin_token_is_redacted() {
+    let config =
+        parse("[admin]\nlisten = \"127.0.0.1:10810\"\ntoken = \"TOPSECRET-TOKEN-0123\"\n").unwrap();
+    let debug = format!("{config:?}");
+    assert!(!debug.contains("TOPSECRET"), "{debug}");
+}
+
+#[test]
+fn non_loopback_nbd_warns_unless_tls_with_client_certificates_is_required() {
+    let warning = |nbd: &str| {
+        let config = parse(&format!(
+            "[servers.nbd]\nlisten = [\"0.0.0.0:10809\", \"127.0.0.1:10811\"]\n{nbd}"
+        ))
+        .unwrap();
+        let warnings = config.exposure_warnings();
+        assert!(warnings.len() <= 1, "{warnings:?}");
+        warnings.into_iter().next()
+    };
+    let off = warning("").unwrap();
+    assert!(
+        off.starts_with(
+            "servers.nbd.listen: 0.0.0.0:10809 is not a loopback address, and TLS is off"
+        ),
+        "{off}"
+    );
+    let optional = warning(&format!("{TLS_FILES}tls = \"optional\"\n")).unwrap();
+    assert!(optional.contains("TLS is only optional"), "{optional}");
+    let no_ca = warning(TLS_FILES).unwrap();
+    assert!(
+        no_ca.contains("client certificates are not required"),
+        "{no_ca}"
+    );
+    assert_eq!(
+        warning(&format!("{TLS_FILES}tls_client_ca = \"/ca.pem\"\n")),
+        None
+    );
 }

@@ -294,7 +294,7 @@ pub fn start_tcp(exports: Arc<dyn Exports>) -> TestServer {
         .expect("bind loopback");
     let port = listener.local_addr().expect("local address").port();
     runtime.spawn(async move {
-        if let Err(error) = bucketfs_nbd::serve_tcp(listener, exports).await {
+        if let Err(error) = bucketfs_nbd::serve_tcp(listener, exports, Default::default()).await {
             panic!("serve_tcp failed: {error}");
         }
     });
@@ -313,7 +313,7 @@ pub fn start_unix(exports: Arc<dyn Exports>, path: &std::path::Path) -> tokio::r
         tokio::net::UnixListener::bind(path).expect("bind unix socket")
     };
     runtime.spawn(async move {
-        if let Err(error) = bucketfs_nbd::serve_unix(listener, exports).await {
+        if let Err(error) = bucketfs_nbd::serve_unix(listener, exports, Default::default()).await {
             panic!("serve_unix failed: {error}");
         }
     });
