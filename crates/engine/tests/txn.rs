@@ -251,3 +251,69 @@ async fn scans_take_a_range_and_a_limit_over_unflushed_range_deletions() {
     let e = open(&w).await;
     check(&e).await;
 }
+
+/// Scans with limits read as the ordered map of the same changes, whichever layer holds them:
+/// the batch not yet flushed, the interval since the last checkpoint, or runs in the bucket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scans_with_limits_match_a_model_in_every_layer() {
+    use std::collections::BTreeMap;
+    let w = world();
+    let mut e = open(&w).await;
+    let mut model: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+    let mut rng = 0x2545f4914f6cdd1du64;
+    let mut next = |n: u64| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng % n
+    };
+    let key = |k: u64| format!("d{:02}/{:04}", k % 7, k).into_bytes();
+    for round in 0..6 {
+        for _ in 0..400 {
+            let k = next(3000);
+            match next(10) {
+                0..=6 => {
+                    let v = format!("v{round}-{k}").into_bytes();
+                    model.insert(key(k), v.clone());
+                    e.kv_commit(vec![KvChange::Put(key(k), v)]).unwrap();
+                }
+                7 | 8 => {
+                    model.remove(&key(k));
+                    e.kv_commit(vec![KvChange::Delete(key(k))]).unwrap();
+                }
+                _ => {
+                    let (s, t) = (key(k), key(k + 7 * next(30)));
+                    model.retain(|m, _| !(s <= *m && *m < t));
+                    e.kv_commit(vec![KvChange::DeleteRange(s, t)]).unwrap();
+                }
+            }
+        }
+        for _ in 0..60 {
+            let (a, b) = (key(next(3300)), key(next(3300)));
+            let (s, t) = (a.clone().min(b.clone()), a.max(b));
+            let limit = 1 + next(40) as usize;
+            let want: Vec<(Vec<u8>, Vec<u8>)> = model
+                .range(s.clone()..t.clone())
+                .take(limit)
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            assert_eq!(
+                e.kv_range(&s, Some(&t), limit).await.unwrap(),
+                want,
+                "round {round}: {}..{} limit {limit}",
+                String::from_utf8_lossy(&s),
+                String::from_utf8_lossy(&t)
+            );
+        }
+        // Alternately: flushed only, through checkpoints into runs, and reopened.
+        match round % 3 {
+            0 => e.flush().await.unwrap(),
+            1 => flush_until_checkpoints(&e, e.stats().checkpoints_written + 2).await,
+            _ => {
+                e.flush().await.unwrap();
+                crash(&w, e).await;
+                e = open(&w).await;
+            }
+        }
+    }
+}

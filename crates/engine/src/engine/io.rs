@@ -417,7 +417,7 @@ impl Engine {
         limit: usize,
     ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, EngineError> {
         loop {
-            let snapshot = self.inner.state.lock().snapshot(start, end);
+            let snapshot = self.inner.state.lock().snapshot(start, end, limit);
             match snapshot.scan(limit).await {
                 Err(crate::lsm::RunError::Store(StoreError::NotFound(_)))
                     if self.base_replaced(&snapshot.base) => {}

@@ -211,9 +211,10 @@ impl State {
     }
 
     /// Everything memory holds of run keys `start..end` (all of one kind: key-value pairs or
-    /// the extents of one inode), as layers newest first, with the base under them: one
-    /// consistent view to read outside the lock.
-    pub(super) fn snapshot(&self, start: &[u8], end: &[u8]) -> Snapshot {
+    /// the extents of one inode) that a scan of at most `limit` entries may need, as layers
+    /// newest first, with the base under them: one consistent view to read outside the lock.
+    pub(super) fn snapshot(&self, start: &[u8], end: &[u8], limit: usize) -> Snapshot {
+        let end = &self.kv_scan_end(start, end, limit);
         let mut layers: Vec<MemRun> = self
             .newest_first()
             .map(|b| batch_run(b, start, end))
@@ -224,6 +225,63 @@ impl State {
             base: self.committed.base().clone(),
             start: start.to_vec(),
             end: end.to_vec(),
+        }
+    }
+
+    /// For a scan of key-value run keys `start..end`: the key just past the `limit`-th key that
+    /// memory holds live in the range, or `end` when it holds fewer. Those keys are in the
+    /// scan's answer whatever the base holds, so nothing beyond them can be: a page of a large
+    /// directory created since the last checkpoint copies a page's worth, not the directory.
+    fn kv_scan_end(&self, start: &[u8], end: &[u8], limit: usize) -> Vec<u8> {
+        use crate::meta::run_key;
+        use std::ops::Bound;
+        let Some(raw_start) = run_key::parse_kv(start).filter(|_| limit < usize::MAX) else {
+            return end.to_vec();
+        };
+        let upper = run_key::parse_kv(end).map_or(Bound::Unbounded, Bound::Excluded);
+        type Layer<'a> = (
+            &'a BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+            &'a [(Vec<u8>, Vec<u8>)],
+        );
+        let mut layers: Vec<Layer<'_>> = self
+            .newest_first()
+            .map(|b| (&b.kv, b.kv_cuts.as_slice()))
+            .collect();
+        layers.extend(self.committed.kv_layers());
+        let mut heads: Vec<_> = layers
+            .iter()
+            .map(|(kv, _)| {
+                kv.range::<[u8], _>((Bound::Included(raw_start), upper))
+                    .map(|(k, _)| k)
+                    .peekable()
+            })
+            .collect();
+        let mut live = 0;
+        loop {
+            let Some(key) = heads.iter_mut().filter_map(|h| h.peek().copied()).min() else {
+                return end.to_vec();
+            };
+            // The newest layer that has the key, or cuts it, decides.
+            let is_live = layers.iter().find_map(|(kv, cuts)| match kv.get(key) {
+                Some(v) => Some(v.is_some()),
+                None => cuts
+                    .iter()
+                    .any(|(s, e)| s <= key && key < e)
+                    .then_some(false),
+            });
+            if is_live == Some(true) {
+                live += 1;
+                if live == limit {
+                    let mut past = run_key::kv(key);
+                    past.push(0);
+                    return past;
+                }
+            }
+            for h in &mut heads {
+                if h.peek() == Some(&key) {
+                    h.next();
+                }
+            }
         }
     }
 }

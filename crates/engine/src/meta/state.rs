@@ -48,6 +48,12 @@ impl Base {
     }
 }
 
+/// One layer's key-value pairs (a deletion is `None`) and its cuts.
+pub type KvLayer<'a> = (
+    &'a std::collections::BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+    &'a [(Vec<u8>, Vec<u8>)],
+);
+
 /// An interval of changes being checkpointed, as of log object `seq`.
 pub struct Frozen {
     pub seq: u64,
@@ -209,6 +215,11 @@ impl MetaState {
     /// The layers in memory, newest first.
     pub fn memory_layers(&self) -> impl Iterator<Item = &MemTable> {
         std::iter::once(&self.mem).chain(self.frozen.as_deref().map(|f| &f.mem))
+    }
+
+    /// The key-value pairs and key cuts of the layers in memory, newest first.
+    pub fn kv_layers(&self) -> impl Iterator<Item = KvLayer<'_>> {
+        self.memory_layers().map(|m| (&m.kv, m.kv_cuts.as_slice()))
     }
 
     /// The layers in memory as runs restricted to run keys `start..end`, newest first.
