@@ -97,10 +97,11 @@ async fn fill(dir: &str, files: u64) {
     e.close().await.expect("close");
     let s = e.stats();
     println!(
-        "{{\"phase\":\"fill\",\"files\":{files},\"seconds\":{:.1},\"checkpoints\":{},\"checkpoint_bytes\":{},\"peak_rss_mib\":{}}}",
+        "{{\"phase\":\"fill\",\"files\":{files},\"seconds\":{:.1},\"checkpoints\":{},\"checkpoint_bytes\":{},\"barriers_held\":{},\"peak_rss_mib\":{}}}",
         started.elapsed().as_secs_f64(),
         s.checkpoints_written,
         s.checkpoint_bytes_written,
+        s.barriers_held_for_checkpoint,
         peak_rss_mib()
     );
 }

@@ -317,3 +317,46 @@ async fn scans_with_limits_match_a_model_in_every_layer() {
         }
     }
 }
+
+/// Commits that outrun checkpoints wait for them: the log since the newest checkpoint (what an
+/// open replays, and what is held in memory) stays within twice the checkpoint interval.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn barriers_wait_for_a_checkpoint_that_falls_behind() {
+    let w = world();
+    let mut opts = bucketfs_engine::EngineOptions::for_tests("pw");
+    opts.tuning.log_objects_per_checkpoint_min = 4;
+    opts.tuning.log_objects_per_checkpoint_max = 4;
+    let (bucket, opts) = w.writer(opts);
+    let e = bucketfs_engine::Engine::open(bucket, opts).await.unwrap();
+    // A large map, so that every merge of the runs takes a while.
+    for chunk in 0..40u64 {
+        let changes = (0..5000u64)
+            .map(|i| {
+                let k = chunk * 5000 + i;
+                KvChange::Put(
+                    format!("big/{k:08}").into_bytes(),
+                    vec![(k % 251) as u8; 40],
+                )
+            })
+            .collect();
+        e.kv_commit(changes).unwrap();
+        e.flush().await.unwrap();
+    }
+    let mut worst = 0;
+    for i in 0..300u64 {
+        e.kv_commit(vec![KvChange::Put(
+            format!("small/{i}").into_bytes(),
+            b"x".to_vec(),
+        )])
+        .unwrap();
+        e.flush().await.unwrap();
+        worst = worst.max(e.stats().log_objects_since_checkpoint);
+    }
+    let s = e.stats();
+    assert!(
+        worst <= 2 * 4 + 1,
+        "{worst} log objects since the checkpoint; held {} times; {s:?}",
+        s.barriers_held_for_checkpoint
+    );
+    e.close().await.unwrap();
+}

@@ -110,6 +110,7 @@ impl Engine {
         }
         let engine = self.clone();
         self.inner.tasks.spawn(async move {
+            engine.wait_for_checkpoint().await;
             let target = engine.inner.state.lock().write_gen;
             engine.seal_pending(target, Waiting::Engine).await;
             engine
@@ -131,7 +132,35 @@ impl Engine {
     /// admin change): it counts towards the cadence that turns write-behind on.
     pub async fn flush(&self) -> Result<(), EngineError> {
         self.inner.barrier_cadence.note();
+        self.wait_for_checkpoint().await;
         self.barrier(Waiting::Client).await
+    }
+
+    /// Holds a client's barrier, or write-behind, while a checkpoint runs and the log since the
+    /// last one has grown to twice the checkpoint interval: commits that outran checkpoints
+    /// would otherwise grow the changes held in memory, and the log replayed at open, without
+    /// bound. The engine's own barriers (a checkpoint's repacking among them) never wait here.
+    pub(super) async fn wait_for_checkpoint(&self) {
+        let mut held = false;
+        while self.inner.checkpoint_running.load(Ordering::Acquire) && self.checkpoint_lags() {
+            if !held {
+                held = true;
+                self.inner
+                    .counters
+                    .barriers_held_for_checkpoint
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    fn checkpoint_lags(&self) -> bool {
+        let t = &self.inner.tuning;
+        let extents = self.inner.state.lock().committed.live().extent_count();
+        self.inner.checkpoint_lag_objects.load(Ordering::Relaxed)
+            >= 2 * t.log_objects_per_checkpoint(extents)
+            || self.inner.checkpoint_lag_bytes.load(Ordering::Relaxed)
+                >= 2 * t.log_bytes_per_checkpoint
     }
 
     /// The barrier itself: a client's (through `flush`, which also counts it towards the
@@ -469,6 +498,12 @@ impl Engine {
         // Outside the lock, and after the batch is gone (it may hold some of the same extents).
         self.inner.extent_buffers.give_back(evicted);
         ctl.known_logs.insert(seq, object.len() as u64);
+        self.inner
+            .checkpoint_lag_objects
+            .store(seq.saturating_sub(ctl.checkpoint_seq), Ordering::Relaxed);
+        self.inner
+            .checkpoint_lag_bytes
+            .store(ctl.log_bytes_since_checkpoint, Ordering::Relaxed);
         self.inner
             .log_bytes_stored
             .fetch_add(object.len() as u64, Ordering::Relaxed);

@@ -22,6 +22,11 @@ impl Engine {
             .store(false, Ordering::Release);
         ctl.checkpoint_seq = seq;
         let log_bytes = std::mem::take(&mut ctl.log_bytes_since_checkpoint);
+        let last = ctl.known_logs.last_key_value().map_or(seq, |(s, _)| *s);
+        self.inner
+            .checkpoint_lag_objects
+            .store(last.saturating_sub(seq), Ordering::Relaxed);
+        self.inner.checkpoint_lag_bytes.store(0, Ordering::Relaxed);
         // The newest earlier checkpoint begun at least `reseal_after` ago: what it covered has
         // been live that long. Under fsync-heavy load checkpoints come every few seconds, so
         // their count says nothing of age.

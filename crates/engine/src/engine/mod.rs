@@ -93,6 +93,10 @@ struct Inner {
     /// The writer lock (none when read-only); shared only with `Engine::open` while it loads.
     lock_holder: Option<Arc<Lease>>,
     checkpoint_running: AtomicBool,
+    /// Log objects and bytes committed since the newest checkpoint began (`UploadCtl`),
+    /// readable without its lock: how far checkpoints lag behind commits.
+    checkpoint_lag_objects: AtomicU64,
+    checkpoint_lag_bytes: AtomicU64,
     /// The superblock still says format 1: it is rewritten once a manifest is stored.
     superblock_format_1: AtomicBool,
     /// Decoded blocks of the metadata runs (`[cache] metadata_bytes_max`).

@@ -316,6 +316,8 @@ impl Engine {
                 disk_cache,
                 lock_holder,
                 checkpoint_running: AtomicBool::new(false),
+                checkpoint_lag_objects: AtomicU64::new(0),
+                checkpoint_lag_bytes: AtomicU64::new(0),
                 pins: Mutex::new(pins),
                 superblock_format_1: AtomicBool::new(format_version == 1),
                 block_cache,

@@ -50,6 +50,11 @@ pub struct EngineStats {
     pub metadata_memory_bytes: u64,
     /// Runs the newest manifest names.
     pub metadata_runs: u64,
+    /// Log objects committed since the newest checkpoint began: what an open would replay.
+    pub log_objects_since_checkpoint: u64,
+    /// Client barriers and write-behind flushes held while a checkpoint caught up
+    /// (`Engine::wait_for_checkpoint`).
+    pub barriers_held_for_checkpoint: u64,
 }
 
 #[derive(Default)]
@@ -67,6 +72,7 @@ pub(super) struct Counters {
     pub(super) extents_repacked: AtomicU64,
     pub(super) extents_defragmented: AtomicU64,
     pub(super) extents_resealed: AtomicU64,
+    pub(super) barriers_held_for_checkpoint: AtomicU64,
 }
 
 impl Engine {
@@ -99,6 +105,8 @@ impl Engine {
             metadata_cache_misses: self.inner.block_cache.misses(),
             metadata_memory_bytes: st.committed.memory_bytes() as u64,
             metadata_runs: st.committed.base().runs.len() as u64,
+            log_objects_since_checkpoint: self.inner.checkpoint_lag_objects.load(Ordering::Relaxed),
+            barriers_held_for_checkpoint: c.barriers_held_for_checkpoint.load(Ordering::Relaxed),
         }
     }
 }
