@@ -60,6 +60,11 @@ pub const RUN_INDEX_PLAIN_BYTES_MAX: usize = 256 * 1024 * 1024;
 /// Most runs one manifest names; the next checkpoint then writes the whole map as one run. Each
 /// run costs a tail and an index read when the bucket is opened.
 pub const RUNS_PER_MANIFEST_MAX: usize = 64;
+/// Run blocks a checkpoint reads at once when it looks up the pointers an interval replaced:
+/// one at a time, a remote bucket's round trip per block made the lookups take seconds.
+pub const RUN_PREFETCH_CONCURRENCY: usize = 16;
+/// Replaced pointers looked up per round of prefetching: their blocks fit the block cache.
+pub const RUN_PREFETCH_KEYS: usize = 4096;
 
 /// Log objects whose metadata records are read concurrently when opening a bucket.
 pub const REPLAY_CONCURRENCY: usize = 32;

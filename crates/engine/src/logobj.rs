@@ -157,16 +157,51 @@ pub fn manifest_key(seq: u64) -> String {
 }
 
 /// `run/<id>`: one sorted run of metadata (lsm/run.rs); its id is the log object its checkpoint
-/// covered.
-pub fn run_key(id: u64) -> String {
-    format!("run/{id:020}")
+/// covered. A run merged from others is cut into parts of bounded size with disjoint key
+/// ranges: part 0 is `run/<id>`, part n `run/<id>.<n>`.
+pub fn run_key(id: u64, part: u32) -> String {
+    match part {
+        0 => format!("run/{id:020}"),
+        n => format!("run/{id:020}.{n:05}"),
+    }
 }
 
-/// One run a manifest names: its id and its size in bytes.
+/// The id and part of a run's key.
+pub fn parse_run_key(key: &str) -> Option<(u64, u32)> {
+    let name = key.strip_prefix("run/")?;
+    let (id, part) = match name.split_once('.') {
+        Some((id, part)) => (id, part.parse().ok().filter(|p| *p > 0)?),
+        None => (name, 0),
+    };
+    (id.len() == 20 && id.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| id.parse().ok())
+        .flatten()
+        .map(|id| (id, part))
+}
+
+/// What a run part's blocks and index are sealed with (their AAD's run id): parts of one run
+/// must not be exchangeable. Log sequence numbers stay far below 2^40.
+pub fn run_seal_id(id: u64, part: u32) -> u64 {
+    assert!(id < 1 << 40, "run ids are log sequence numbers");
+    id | (u64::from(part) << 40)
+}
+
+/// One run (or part of one) a manifest names: its id, part and size in bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RunInfo {
     pub id: u64,
+    pub part: u32,
     pub size_bytes: u64,
+}
+
+impl RunInfo {
+    pub fn key(&self) -> String {
+        run_key(self.id, self.part)
+    }
+
+    pub fn seal_id(&self) -> u64 {
+        run_seal_id(self.id, self.part)
+    }
 }
 
 /// A manifest of either version whose sealed plaintext is `plain` (the fuzz target's input).
@@ -209,10 +244,11 @@ pub fn encode_manifest(
     runs: &[RunInfo],
     objects: &ObjectTable,
 ) -> Vec<u8> {
-    let mut plain = Vec::with_capacity(4 + runs.len() * 16);
+    let mut plain = Vec::with_capacity(4 + runs.len() * 20);
     plain.extend_from_slice(&(runs.len() as u32).to_le_bytes());
     for r in runs {
         plain.extend_from_slice(&r.id.to_le_bytes());
+        plain.extend_from_slice(&r.part.to_le_bytes());
         plain.extend_from_slice(&r.size_bytes.to_le_bytes());
     }
     objects.encode(&mut plain);
@@ -274,19 +310,36 @@ pub fn decode_manifest(
         return Err(bad());
     }
     let count = u32::from_le_bytes(plain[..4].try_into().expect("4 bytes")) as usize;
+    // Version 1 names whole runs (id, size); version 2 parts (id, part, size).
+    let version_1 = &buf[..8] == MANIFEST_MAGIC;
+    let entry_bytes = if version_1 { 16 } else { 20 };
     let runs_end = count
-        .checked_mul(16)
+        .checked_mul(entry_bytes)
         .and_then(|n| n.checked_add(4))
         .filter(|&end| end <= plain.len())
         .ok_or_else(bad)?;
+    let u64_at =
+        |c: &[u8], at: usize| u64::from_le_bytes(c[at..at + 8].try_into().expect("8 bytes"));
     let runs: Vec<RunInfo> = plain[4..runs_end]
-        .chunks_exact(16)
-        .map(|c| RunInfo {
-            id: u64::from_le_bytes(c[..8].try_into().expect("8 bytes")),
-            size_bytes: u64::from_le_bytes(c[8..].try_into().expect("8 bytes")),
+        .chunks_exact(entry_bytes)
+        .map(|c| match version_1 {
+            true => RunInfo {
+                id: u64_at(c, 0),
+                part: 0,
+                size_bytes: u64_at(c, 8),
+            },
+            false => RunInfo {
+                id: u64_at(c, 0),
+                part: u32::from_le_bytes(c[8..12].try_into().expect("4 bytes")),
+                size_bytes: u64_at(c, 12),
+            },
         })
         .collect();
-    if runs.windows(2).any(|w| w[0].id >= w[1].id) || runs.iter().any(|r| r.id > seq) {
+    if runs
+        .windows(2)
+        .any(|w| (w[0].id, w[0].part) >= (w[1].id, w[1].part))
+        || runs.iter().any(|r| r.id > seq || r.id >= 1 << 40)
+    {
         return Err(bad());
     }
     let objects = if &buf[..8] == MANIFEST_MAGIC {

@@ -70,6 +70,9 @@ pub struct Tuning {
     /// Adjacent frames of one log object are fetched with one ranged GET while the gap between
     /// them is at most this many bytes.
     pub read_coalesce_gap_bytes: u64,
+    /// A merge of the metadata runs is cut into parts of about this many bytes of entries: what
+    /// a merge holds in memory at once, and what one part's upload carries.
+    pub run_part_bytes: u64,
 }
 
 impl Default for Tuning {
@@ -96,6 +99,7 @@ impl Default for Tuning {
             reseal_extents_max: 65536,
             repack_extents_per_object: 112,
             read_coalesce_gap_bytes: 64 * 1024,
+            run_part_bytes: 64 << 20,
         }
     }
 }
@@ -132,6 +136,7 @@ impl Tuning {
             ("quiet_checkpoint_fraction", self.quiet_checkpoint_fraction),
             ("repack_extents_per_object", self.repack_extents_per_object),
             ("parallel_seal_extents_min", self.parallel_seal_extents_min),
+            ("run_part_bytes", self.run_part_bytes),
             (
                 "barrier_gap_counted_max_us",
                 self.barrier_gap_counted_max_us,

@@ -246,20 +246,26 @@ impl Engine {
         let (infos, runs, run_bytes, whole) = if frozen.mem.is_empty() {
             (base.infos.clone(), base.runs.clone(), 0, false)
         } else {
-            let (object, whole) = self.encode_checkpoint_run(frozen, &base).await?;
-            let run_bytes = object.len() as u64;
-            let reader = self.store_run(seq, object).await?;
-            let info = RunInfo {
-                id: seq,
-                size_bytes: run_bytes,
-            };
-            let (mut infos, mut runs) = match whole {
-                true => (Vec::new(), Vec::new()),
-                false => (base.infos.clone(), base.runs.clone()),
-            };
-            infos.push(info);
-            runs.insert(0, Arc::new(reader));
-            (infos, runs, run_bytes, whole)
+            match self.encode_delta(frozen, &base).await {
+                Some(object) => {
+                    let info = RunInfo {
+                        id: seq,
+                        part: 0,
+                        size_bytes: object.len() as u64,
+                    };
+                    let reader = self.store_run(info, object).await?;
+                    let mut infos = base.infos.clone();
+                    infos.push(info);
+                    let mut runs = base.runs.clone();
+                    runs.insert(0, Arc::new(reader));
+                    (infos, runs, info.size_bytes, false)
+                }
+                None => {
+                    let (infos, runs) = self.merge_runs(frozen, &base).await?;
+                    let bytes = infos.iter().map(|r| r.size_bytes).sum();
+                    (infos, runs, bytes, true)
+                }
+            }
         };
         let manifest = logobj::encode_manifest(&self.inner.sealer, seq, &infos, &objects);
         let manifest_bytes = manifest.len() as u64;
@@ -310,55 +316,103 @@ impl Engine {
         Ok(new_base)
     }
 
-    /// The run of checkpoint `frozen` over `base`: its changes alone, or (true) merged with all
-    /// of the base's runs into one.
-    async fn encode_checkpoint_run(
+    /// The run of `frozen`'s changes alone, unless the base's runs after its bottom one would
+    /// then outgrow the bottom one (or number `RUNS_PER_MANIFEST_MAX`): then None, and the
+    /// checkpoint merges them all.
+    async fn encode_delta(&self, frozen: &Arc<Frozen>, base: &Arc<Base>) -> Option<Vec<u8>> {
+        let bottom_id = base.infos.first()?.id;
+        let (bottom, deltas): (Vec<&RunInfo>, Vec<&RunInfo>) =
+            base.infos.iter().partition(|r| r.id == bottom_id);
+        if deltas.len() + 1 >= RUNS_PER_MANIFEST_MAX {
+            return None;
+        }
+        let bottom_bytes: u64 = bottom.iter().map(|r| r.size_bytes).sum();
+        let delta_bytes: u64 = deltas.iter().map(|r| r.size_bytes).sum();
+        let (sealer, frozen_) = (self.inner.sealer.clone(), frozen.clone());
+        let seal_id = logobj::run_seal_id(frozen.seq, 0);
+        let delta = self
+            .inner
+            .tasks
+            .spawn_blocking(move || {
+                let c = frozen_.mem.to_run(None);
+                crate::lsm::run::encode(&sealer, seal_id, c.points, &c.ranges)
+            })
+            .await;
+        (delta_bytes + delta.len() as u64 <= bottom_bytes).then_some(delta)
+    }
+
+    /// Merges `frozen`'s changes and every run of `base` into one bottom run, streamed into
+    /// parts of about `Tuning::run_part_bytes` each (disjoint key ranges, in key order), so
+    /// that merging holds one part in memory, not the whole map. Deletions have nothing left
+    /// to hide in the bottom run and are dropped, as are the lz4 marks of formats 2 and 3 (the
+    /// object table keeps them now).
+    async fn merge_runs(
         &self,
         frozen: &Arc<Frozen>,
         base: &Arc<Base>,
-    ) -> Result<(Vec<u8>, bool), EngineError> {
+    ) -> Result<(Vec<RunInfo>, Vec<Arc<RunReader>>), EngineError> {
+        use crate::lsm::merge::{merge_from, Source};
+        use crate::lsm::Entry;
         let seq = frozen.seq;
-        let changes = Arc::new(frozen.mem.to_run(None));
-        if !base.infos.is_empty() && base.infos.len() < RUNS_PER_MANIFEST_MAX {
-            let deltas: u64 = base.infos.iter().skip(1).map(|r| r.size_bytes).sum();
-            let bottom = base.infos[0].size_bytes;
-            let (sealer, c) = (self.inner.sealer.clone(), changes.clone());
-            let delta = self
+        let changes = frozen.mem.to_run(None);
+        let mut sources = vec![Source::Mem(&changes)];
+        sources.extend(base.sources());
+        let part_bytes = self.inner.tuning.run_part_bytes;
+        let (mut infos, mut readers) = (Vec::new(), Vec::new());
+        let mut start: Vec<u8> = Vec::new();
+        for part in 0u32.. {
+            let mut entries: Vec<(Vec<u8>, Entry)> = Vec::new();
+            let mut bytes = 0u64;
+            let mut full = false;
+            merge_from(&sources, &start, |key, entry| {
+                let Entry::Put(value) = &entry else {
+                    return true;
+                };
+                if crate::meta::run_key::parse_lz4_object(&key).is_some() {
+                    return true;
+                }
+                bytes += (key.len() + value.len() + 8) as u64;
+                entries.push((key, entry));
+                full = bytes >= part_bytes;
+                !full
+            })
+            .await?;
+            if entries.is_empty() && part > 0 {
+                break;
+            }
+            if let Some((last, _)) = entries.last() {
+                start = last.clone();
+                start.push(0);
+            }
+            let sealer = self.inner.sealer.clone();
+            let seal_id = logobj::run_seal_id(seq, part);
+            let object = self
                 .inner
                 .tasks
-                .spawn_blocking(move || {
-                    let points = c.points.iter().map(|(k, e)| (k.clone(), e.clone()));
-                    crate::lsm::run::encode(&sealer, seq, points, &c.ranges)
-                })
+                .spawn_blocking(move || crate::lsm::run::encode(&sealer, seal_id, entries, &[]))
                 .await;
-            if deltas + delta.len() as u64 <= bottom {
-                return Ok((delta, false));
+            let info = RunInfo {
+                id: seq,
+                part,
+                size_bytes: object.len() as u64,
+            };
+            readers.push(Arc::new(self.store_run(info, object).await?));
+            infos.push(info);
+            if !full {
+                break;
             }
         }
-        let mut sources = vec![crate::lsm::merge::Source::Mem(changes.as_ref())];
-        sources.extend(base.sources());
-        // Format 4 keeps lz4 marks in the object table: older runs' marks are left behind.
-        let (entries, _) = crate::lsm::merge::compact_in(&sources, true, |k| {
-            crate::meta::run_key::parse_lz4_object(k).is_none()
-        })
-        .await?;
-        let sealer = self.inner.sealer.clone();
-        let whole = self
-            .inner
-            .tasks
-            .spawn_blocking(move || crate::lsm::run::encode(&sealer, seq, entries, &[]))
-            .await;
-        Ok((whole, true))
+        Ok((infos, readers))
     }
 
-    /// Stores run `id` and opens it from the bytes at hand.
-    async fn store_run(&self, id: u64, object: Vec<u8>) -> Result<RunReader, EngineError> {
-        let run_key = logobj::run_key(id);
+    /// Stores a run (part) and opens it from the bytes at hand.
+    async fn store_run(&self, info: RunInfo, object: Vec<u8>) -> Result<RunReader, EngineError> {
+        let run_key = info.key();
         let reader = RunReader::from_object(
             self.inner.bucket.clone(),
             self.inner.sealer.clone(),
             &run_key,
-            id,
+            info.seal_id(),
             &object,
         )?
         .with_cache(self.inner.block_cache.clone());
@@ -396,9 +450,9 @@ impl Engine {
             }
         }
         for old in bucket.list("run/").await? {
-            if logobj::parse_seq(&old.key, "run").is_some_and(|id| {
+            if logobj::parse_run_key(&old.key).is_some_and(|(id, part)| {
                 id < seq
-                    && !runs.iter().any(|r| r.id == id)
+                    && !runs.iter().any(|r| r.id == id && r.part == part)
                     && !self.inner.pins.lock().holds_run(id)
             }) {
                 garbage.push(old.key);

@@ -85,11 +85,7 @@ impl Engine {
         for run in &base.runs {
             for block in 0..run.block_count() {
                 if let Err(e) = run.block(block).await {
-                    report.problem(
-                        &logobj::run_key(run.run_id()),
-                        format!("metadata run: {e}"),
-                        &[],
-                    );
+                    report.problem(run.key(), format!("metadata run: {e}"), &[]);
                     runs_damaged = true;
                     break;
                 }
@@ -120,12 +116,12 @@ impl Engine {
                 Err(e) => report.problem(&key, format!("checkpoint {:?}: {e}", pin.name), &[]),
             }
             for run in &pin.runs {
-                let key = logobj::run_key(run.id);
+                let key = run.key();
                 let opened = RunReader::open(
                     bucket.clone(),
                     self.inner.sealer.clone(),
                     &key,
-                    run.id,
+                    run.seal_id(),
                     run.size_bytes,
                 )
                 .await;
@@ -170,12 +166,13 @@ impl Engine {
         }
 
         // Runs, manifests and format-1 checkpoints nothing names.
-        let kept_run = |id: u64| {
-            runs.iter().any(|r| r.id == id)
+        let kept_run = |id: u64, part: u32| {
+            runs.iter().any(|r| r.id == id && r.part == part)
                 || pins.iter().any(|p| p.runs.iter().any(|r| r.id == id))
         };
         for o in bucket.list("run/").await? {
-            if logobj::parse_seq(&o.key, "run").is_some_and(|id| id < manifest_seq && !kept_run(id))
+            if logobj::parse_run_key(&o.key)
+                .is_some_and(|(id, part)| id < manifest_seq && !kept_run(id, part))
             {
                 report.garbage.push(o.key);
             }

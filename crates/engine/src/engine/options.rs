@@ -47,6 +47,8 @@ impl EngineOptions {
             tuning: Tuning {
                 quiet_checkpoint_after_ms: 0,
                 reseal_after_s: 0,
+                // Merges of a few hundred extents already span several parts.
+                run_part_bytes: 8 << 10,
                 ..Tuning::default()
             },
             kdf_cost: KdfCost::default(),

@@ -8,6 +8,8 @@
 use super::*;
 
 const PIN_MAGIC: &[u8; 8] = b"BFSPIN01";
+/// Format 4: runs named with their part.
+const PIN_MAGIC_2: &[u8; 8] = b"BFSPIN02";
 /// Longest checkpoint name.
 const CHECKPOINT_NAME_BYTES_MAX: usize = 64;
 
@@ -59,6 +61,7 @@ impl Pin {
         plain.extend_from_slice(&(self.runs.len() as u32).to_le_bytes());
         for r in &self.runs {
             plain.extend_from_slice(&r.id.to_le_bytes());
+            plain.extend_from_slice(&r.part.to_le_bytes());
             plain.extend_from_slice(&r.size_bytes.to_le_bytes());
         }
         plain.extend_from_slice(&(self.objects.len() as u64).to_le_bytes());
@@ -66,7 +69,7 @@ impl Pin {
             plain.extend_from_slice(&s.to_le_bytes());
         }
         let packed = zstd::bulk::compress(&plain, 3).expect("compressing to memory cannot fail");
-        let mut buf = PIN_MAGIC.to_vec();
+        let mut buf = PIN_MAGIC_2.to_vec();
         buf.extend_from_slice(&(plain.len() as u64).to_le_bytes());
         sealer.seal_into(&mut buf, &pin_aad(&self.id), &packed);
         buf
@@ -75,7 +78,9 @@ impl Pin {
     fn decode(sealer: &Sealer, id: &str, buf: &[u8]) -> Result<Pin, EngineError> {
         let key = format!("pin/{id}");
         let bad = |why: &str| EngineError::Corrupt(format!("{key}: {why}"));
-        if buf.len() < 16 || &buf[..8] != PIN_MAGIC {
+        // Version 1 (format 3) names whole runs; version 2 names run parts.
+        let version_2 = buf.len() >= 16 && &buf[..8] == PIN_MAGIC_2;
+        if buf.len() < 16 || (&buf[..8] != PIN_MAGIC && !version_2) {
             return Err(bad("not a checkpoint pin (bad magic or length)"));
         }
         let plain_len = u64::from_le_bytes(buf[8..16].try_into().expect("8 bytes"));
@@ -96,8 +101,11 @@ impl Pin {
         let run_count = r.u32()? as usize;
         let mut runs = Vec::with_capacity(run_count.min(RUNS_PER_MANIFEST_MAX));
         for _ in 0..run_count {
+            let id = r.u64()?;
+            let part = if version_2 { r.u32()? } else { 0 };
             runs.push(RunInfo {
-                id: r.u64()?,
+                id,
+                part,
                 size_bytes: r.u64()?,
             });
         }
@@ -231,39 +239,14 @@ impl Engine {
         }
         self.flush().await?;
         let _slot = self.checkpoint_slot().await;
-        // A checkpoint that failed earlier is written first; then the changes up to the last
-        // log object, unless the newest manifest already covers it.
-        let (seq, runs, objects) = loop {
-            let (frozen, covered) = {
-                let mut ctl = self.inner.upload.lock().await;
-                // The newest log objects may be gone already: once a checkpoint covers them,
-                // those holding no live extent (only key-value pairs, say) are collected.
-                let last_log = ctl.known_logs.last_key_value().map(|(s, _)| *s);
-                let mut st = self.inner.state.lock();
-                let base = st.committed.base().clone();
-                if st.committed.frozen().is_none()
-                    && base.manifest_seq > 0
-                    && last_log.is_none_or(|l| l <= base.manifest_seq)
-                {
-                    // No commit since the newest checkpoint: keep that one.
-                    break (
-                        base.manifest_seq,
-                        base.infos.clone(),
-                        base.objects.live_objects(),
-                    );
-                }
-                let Some(seq) = last_log else {
-                    return Err(EngineError::NothingToCheckpoint);
-                };
-                let frozen = st.committed.freeze(seq);
-                drop(st);
-                let covered = self.begin_checkpoint(&mut ctl, frozen.seq);
-                (frozen, covered)
-            };
-            let base = self.write_checkpoint(&frozen).await?;
-            // The checkpoint written is a regular one too: collect what it allows.
-            self.collect(frozen.seq, &base.infos, &covered).await?;
+        let Some(base) = self.checkpoint_to_last().await? else {
+            return Err(EngineError::NothingToCheckpoint);
         };
+        let (seq, runs, objects) = (
+            base.manifest_seq,
+            base.infos.clone(),
+            base.objects.live_objects(),
+        );
         let mut id = [0u8; 8];
         rand::RngCore::fill_bytes(&mut rand::thread_rng(), &mut id);
         let pin = Pin {
@@ -318,29 +301,57 @@ impl Engine {
             .await?;
         self.inner.pins.lock().by_name.remove(name);
         tracing::info!(name, seq = pin.seq, "named checkpoint deleted");
-        let (seq, covered, base) = {
+        // What only the pin kept is dead once the changes since the newest checkpoint are
+        // looked up: write one first.
+        let Some(base) = self.checkpoint_to_last().await? else {
+            return Ok(());
+        };
+        let seq = base.manifest_seq;
+        let covered = {
             let ctl = self.inner.upload.lock().await;
-            let base = self.inner.state.lock().committed.base().clone();
-            let seq = base.manifest_seq;
-            if seq == 0 {
-                return Ok(());
+            Covered {
+                logs: ctl
+                    .known_logs
+                    .range(..=seq)
+                    .map(|(s, b)| (*s, *b))
+                    .collect(),
+                aged_through: 0,
+                log_bytes: 0,
             }
-            let logs = ctl
-                .known_logs
-                .range(..=seq)
-                .map(|(s, b)| (*s, *b))
-                .collect();
-            (
-                seq,
-                Covered {
-                    logs,
-                    aged_through: 0,
-                    log_bytes: 0,
-                },
-                base,
-            )
         };
         self.collect(seq, &base.infos, &covered).await.map(|_| ())
+    }
+
+    /// Writes checkpoints until the newest covers the last committed log object (one that
+    /// failed earlier first), collecting after each, and returns the newest base (None: nothing
+    /// was ever committed). Its object table is then exact: every debit is looked up. The
+    /// caller holds the checkpoint slot.
+    pub(super) async fn checkpoint_to_last(&self) -> Result<Option<Arc<Base>>, EngineError> {
+        loop {
+            let (frozen, covered) = {
+                let mut ctl = self.inner.upload.lock().await;
+                // The newest log objects may be gone already: once a checkpoint covers them,
+                // those holding no live extent (only key-value pairs, say) are collected.
+                let last_log = ctl.known_logs.last_key_value().map(|(s, _)| *s);
+                let mut st = self.inner.state.lock();
+                let base = st.committed.base().clone();
+                if st.committed.frozen().is_none()
+                    && base.manifest_seq > 0
+                    && last_log.is_none_or(|l| l <= base.manifest_seq)
+                {
+                    return Ok(Some(base));
+                }
+                let Some(seq) = last_log else {
+                    return Ok(None);
+                };
+                let frozen = st.committed.freeze(seq);
+                drop(st);
+                let covered = self.begin_checkpoint(&mut ctl, frozen.seq);
+                (frozen, covered)
+            };
+            let base = self.write_checkpoint(&frozen).await?;
+            self.collect(frozen.seq, &base.infos, &covered).await?;
+        }
     }
 
     /// Waits until no checkpoint or collection runs, then holds that off until the guard drops.

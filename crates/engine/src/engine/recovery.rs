@@ -361,12 +361,11 @@ async fn load_base(
     let manifest = logobj::decode_manifest(sealer, &key, seq, &bytes)?;
     let mut runs = Vec::with_capacity(manifest.runs.len());
     for run in manifest.runs.iter().rev() {
-        let run_key = logobj::run_key(run.id);
         let reader = RunReader::open(
             bucket.clone(),
             sealer.clone(),
-            &run_key,
-            run.id,
+            &run.key(),
+            run.seal_id(),
             run.size_bytes,
         )
         .await?;

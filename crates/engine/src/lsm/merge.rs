@@ -212,6 +212,16 @@ async fn merge(
     }
 }
 
+/// Calls `emit` with each key's winning entry of `sources` (newest first) from `start` on, in
+/// key order, until `emit` says stop: how a merge is streamed into parts.
+pub async fn merge_from(
+    sources: &[Source<'_>],
+    start: &[u8],
+    emit: impl FnMut(Vec<u8>, Entry) -> bool,
+) -> Result<(), RunError> {
+    merge(sources, start, None, emit).await
+}
+
 /// Up to `limit` live pairs with keys in `start..end` (`None`: to the last key), in key order,
 /// leaving out those `hidden` says something newer hides.
 pub async fn scan_in(
@@ -266,6 +276,7 @@ pub async fn for_each_live_in(
 /// What one run replacing all of `sources` (newest first) must hold, leaving out the keys
 /// `keep` refuses. Into the bottom of the stack (nothing older below), deletions have nothing
 /// left to hide and are dropped.
+#[cfg(test)]
 pub async fn compact_in(
     sources: &[Source<'_>],
     bottom: bool,

@@ -394,8 +394,9 @@ impl RunReader {
         })
     }
 
-    pub fn run_id(&self) -> u64 {
-        self.run_id
+    /// The object's key.
+    pub fn key(&self) -> &str {
+        &self.key
     }
 
     /// Bytes of memory the open run keeps: its index.

@@ -42,6 +42,30 @@ impl Base {
         merge::get_in(&self.sources(), &run_key::kv(key)).await
     }
 
+    /// Reads the blocks that lookups of `keys` (sorted) will need into the block cache,
+    /// `RUN_PREFETCH_CONCURRENCY` at a time.
+    pub async fn prefetch(&self, keys: &[Vec<u8>]) -> Result<(), RunError> {
+        let mut wanted: Vec<(&RunReader, usize)> = Vec::new();
+        for run in &self.runs {
+            let mut last = None;
+            for key in keys {
+                let block = run.block_from(key);
+                if block < run.block_count()
+                    && run.block_first_key(block) <= key.as_slice()
+                    && last != Some(block)
+                {
+                    wanted.push((run, block));
+                    last = Some(block);
+                }
+            }
+        }
+        for group in wanted.chunks(crate::limits::RUN_PREFETCH_CONCURRENCY) {
+            let reads = group.iter().map(|&(run, block)| run.block(block));
+            futures::future::try_join_all(reads).await?;
+        }
+        Ok(())
+    }
+
     /// Memory the open runs keep (their indexes).
     pub fn index_bytes(&self) -> usize {
         self.runs.iter().map(|r| r.index_bytes()).sum()
@@ -295,9 +319,17 @@ pub async fn resolve(frozen: &Frozen, base: &Base) -> Result<Deltas, RunError> {
         return Ok(debits);
     }
     let sources = base.sources();
-    for &(ino, index) in &frozen.mem.shadowed {
-        if let Some(ptr) = base.extent(ino, index).await? {
-            debit(ptr);
+    let shadowed: Vec<(u64, u64)> = frozen.mem.shadowed.iter().copied().collect();
+    for chunk in shadowed.chunks(crate::limits::RUN_PREFETCH_KEYS) {
+        let keys: Vec<Vec<u8>> = chunk
+            .iter()
+            .map(|&(ino, index)| run_key::extent(ino, index))
+            .collect();
+        base.prefetch(&keys).await?;
+        for &(ino, index) in chunk {
+            if let Some(ptr) = base.extent(ino, index).await? {
+                debit(ptr);
+            }
         }
     }
     for (ino, cuts) in &frozen.mem.extent_cuts {
