@@ -322,22 +322,25 @@ impl Engine {
         self.collect(seq, &base.infos, &covered).await.map(|_| ())
     }
 
-    /// Writes checkpoints until the newest covers the last committed log object (one that
-    /// failed earlier first), collecting after each, and returns the newest base (None: nothing
-    /// was ever committed). Its object table is then exact: every debit is looked up. The
-    /// caller holds the checkpoint slot.
+    /// Writes checkpoints until the newest covers the log object committed last when this is
+    /// called (one that failed earlier first, so usually one, at most two, whatever commits
+    /// meanwhile), collecting after each, and returns the newest base (None: nothing was ever
+    /// committed). Every debit up to that object is then looked up. The caller holds the
+    /// checkpoint slot.
     pub(super) async fn checkpoint_to_last(&self) -> Result<Option<Arc<Base>>, EngineError> {
+        let mut target = None;
         loop {
             let (frozen, covered) = {
                 let mut ctl = self.inner.upload.lock().await;
                 // The newest log objects may be gone already: once a checkpoint covers them,
                 // those holding no live extent (only key-value pairs, say) are collected.
                 let last_log = ctl.known_logs.last_key_value().map(|(s, _)| *s);
+                let target = *target.get_or_insert(last_log);
                 let mut st = self.inner.state.lock();
                 let base = st.committed.base().clone();
                 if st.committed.frozen().is_none()
                     && base.manifest_seq > 0
-                    && last_log.is_none_or(|l| l <= base.manifest_seq)
+                    && target.is_none_or(|l| l <= base.manifest_seq)
                 {
                     return Ok(Some(base));
                 }
