@@ -15,11 +15,25 @@ itself (the delay then applies once, to the whole request).
 Counts per method, bytes each way and the delay added are written as JSON to --stats on SIGTERM
 or SIGINT (and every few seconds), so a benchmark can check that the requests went through it.
 
-With --refuse-while FILE, every request that arrives while FILE exists is refused: the proxy
-closes the connection at once, as an unreachable store does (tests/outage.sh).
+Faults (tests/outage.sh, tests/pg_outage.sh): with --fault-while FILE, every request whose head
+arrives while FILE exists meets the fault that FILE names (its first word; an empty file is
+`refuse`). A test switches modes by replacing the file (write a new one, rename it over) and ends
+the fault by deleting it. Requests already forwarded when a fault starts are answered normally.
+
+    refuse   the connection is closed at once, without an answer: an unreachable store.
+    503      the body is read, then `503 Slow Down` with S3's XML error body (code SlowDown) and
+             Connection: close: a store that throttles.
+    reset    the connection is reset (RST, SO_LINGER 0) before any answer: a broken network path.
+    hang     the request head is read and never answered for as long as FILE says `hang`; then
+             the connection is closed without an answer: a store that stops responding. The
+             client's own request timeout is what ends the wait while the hang lasts.
+
+An unknown mode is reported on stderr and treated as `refuse`. --refuse-while FILE is the old
+name of --fault-while FILE (an empty file refuses, as it always did). Stats count each fault
+under "faults" by mode ("refused" stays the count of refused requests).
 
 Usage: s3proxy.py --listen 127.0.0.1:PORT --upstream 127.0.0.1:PORT [--latency 20ms]
-                  [--bandwidth 100MB/s] [--stats FILE] [--refuse-while FILE]
+                  [--bandwidth 100MB/s] [--stats FILE] [--fault-while FILE]
        s3proxy.py --check-args [--latency L] [--bandwidth B]     (validate, as bench/run does)
 Latency: 20ms, 500us, 0.02s (a bare number is ms). Bandwidth: 100MB/s (decimal), 80MiB/s,
 1Gbit/s, or 0 / unlimited.
@@ -30,6 +44,8 @@ import json
 import os
 import re
 import signal
+import socket
+import struct
 import sys
 import time
 
@@ -37,6 +53,16 @@ import time
 HEAD_BYTES_MAX = 64 * 1024  # a request or response head larger than this is malformed
 CHUNK_BYTES = 64 * 1024  # unit of forwarding and of bandwidth accounting
 STATS_INTERVAL_S = 5.0  # how often the stats file is rewritten while running
+FAULT_POLL_S = 0.1  # how often a hung request looks whether its hang is over
+
+FAULT_MODES = ("refuse", "503", "reset", "hang")
+# What S3 answers when it throttles (the body clients log, e.g. object_store's error message).
+SLOW_DOWN_BODY = (b'<?xml version="1.0" encoding="UTF-8"?>\n'
+                  b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message>"
+                  b"<RequestId>s3proxy-fault</RequestId><HostId>s3proxy</HostId></Error>")
+SLOW_DOWN_RESPONSE = (b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\n"
+                      b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(SLOW_DOWN_BODY)
+                      + SLOW_DOWN_BODY)
 
 
 class ProtocolError(Exception):
@@ -97,6 +123,7 @@ class Stats:
         self.connections = 0
         self.errors = 0
         self.refused = 0
+        self.faults = {}
         self.delay_added_s = 0.0
 
     def as_dict(self):
@@ -106,6 +133,7 @@ class Stats:
             "responses_by_status": self.responses_by_status,
             "bytes_up": self.bytes_up, "bytes_down": self.bytes_down,
             "connections": self.connections, "errors": self.errors, "refused": self.refused,
+            "faults": self.faults,
             "delay_added_s": round(self.delay_added_s, 3),
         }
 
@@ -210,6 +238,24 @@ async def relay_until_close(reader, writer, link):
         total += len(data)
 
 
+class Sink:
+    """A writer that drops what it is given: the body of a request that a fault answers."""
+
+    def write(self, data):
+        pass
+
+    async def drain(self):
+        pass
+
+
+async def discard_body(reader, headers):
+    framing, length = body_framing(headers)
+    if framing == "chunked":
+        await relay_chunked(reader, Sink(), Link(0))
+    elif framing == "length":
+        await relay_length(reader, Sink(), Link(0), length)
+
+
 def wants_close(version, headers):
     conn = (header(headers, "connection") or "").lower()
     if "close" in conn:
@@ -225,6 +271,47 @@ class Proxy:
         self.stats = Stats(args)
         host, port = args.upstream.rsplit(":", 1)
         self.upstream = (host, int(port))
+        self.unknown_modes_reported = set()
+
+    def fault_mode(self):
+        """The fault that --fault-while names now, or None while its file does not exist."""
+        if not self.args.fault_while:
+            return None
+        try:
+            with open(self.args.fault_while) as f:
+                words = f.read().split()
+        except FileNotFoundError:
+            return None
+        mode = words[0].lower() if words else "refuse"
+        if mode not in FAULT_MODES:
+            if mode not in self.unknown_modes_reported:
+                self.unknown_modes_reported.add(mode)
+                print("s3proxy: unknown fault mode %r in %s; refusing instead (modes: %s)" % (
+                    mode, self.args.fault_while, " ".join(FAULT_MODES)), file=sys.stderr, flush=True)
+            mode = "refuse"
+        return mode
+
+    async def fault(self, mode, reader, writer, headers):
+        """Answer a request as fault `mode` does; the caller then closes the connection."""
+        self.stats.faults[mode] = self.stats.faults.get(mode, 0) + 1
+        if mode == "refuse":
+            self.stats.refused += 1
+        elif mode == "reset":
+            # SO_LINGER with a zero timeout makes the close send RST instead of FIN.
+            sock = writer.get_extra_info("socket")
+            if sock is not None:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            writer.transport.abort()
+        elif mode == "hang":
+            while self.fault_mode() == "hang":
+                await asyncio.sleep(FAULT_POLL_S)
+        elif mode == "503":
+            # A client that waits for 100 Continue is answered at once, as S3 does; any other
+            # sends its body first, which is read so that the client sees the answer, not a reset.
+            if (header(headers, "expect") or "").lower() != "100-continue":
+                await discard_body(reader, headers)
+            writer.write(SLOW_DOWN_RESPONSE)
+            await writer.drain()
 
     async def handle(self, client_reader, client_writer):
         self.stats.connections += 1
@@ -240,8 +327,9 @@ class Proxy:
                 if len(parts) != 3:
                     raise ProtocolError("bad request line %r" % start[:80])
                 method, _, version = parts
-                if self.args.refuse_while and os.path.exists(self.args.refuse_while):
-                    self.stats.refused += 1
+                mode = self.fault_mode()
+                if mode is not None:
+                    await self.fault(mode, client_reader, client_writer, headers)
                     return
                 if (header(headers, "expect") or "").lower() == "100-continue":
                     client_writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
@@ -319,7 +407,9 @@ async def main():
     ap.add_argument("--latency", type=parse_latency_s, default=parse_latency_s("20ms"))
     ap.add_argument("--bandwidth", type=parse_bandwidth_bytes_per_s, default=0.0)
     ap.add_argument("--stats", help="write counters as JSON here")
-    ap.add_argument("--refuse-while", help="refuse every request while this file exists")
+    ap.add_argument("--fault-while", "--refuse-while", dest="fault_while", metavar="FILE",
+                    help="while FILE exists, answer every request with the fault it names: "
+                         "refuse (also an empty file), 503, reset or hang")
     ap.add_argument("--check-args", action="store_true",
                     help="only check --latency and --bandwidth, then exit")
     args = ap.parse_args()

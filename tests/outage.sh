@@ -27,7 +27,7 @@ run_case() {
     proxy_port="$(pick_unused_port)"
     refuse="$CASE_DIR/refuse"
     "$BUCKETFS_TEST_PYTHON" "$REPO_ROOT/bench/s3proxy.py" --listen "127.0.0.1:$proxy_port" \
-        --upstream "${S3_ENDPOINT#http://}" --latency 0 --refuse-while "$refuse" \
+        --upstream "${S3_ENDPOINT#http://}" --latency 0 --fault-while "$refuse" \
         >>"$CASE_DIR/s3proxy.log" 2>&1 &
     register_pid $!
     wait_for 30 _port_open "$proxy_port" || die "s3proxy did not start: $(cat "$CASE_DIR/s3proxy.log")"
