@@ -144,7 +144,7 @@ fn init_template_lists_every_key_and_its_examples_are_valid() {
         .iter()
         .filter(|leaf| !leaf.starts_with("tuning."))
         .count();
-    assert_eq!(untuned, 31);
+    assert_eq!(untuned, 32);
     for leaf in leaves {
         assert!(lookup(&table, leaf).is_some(), "the template lacks {leaf}");
     }
@@ -457,7 +457,7 @@ fn unknown_nested_key_is_named_with_its_dotted_path() {
     assert_eq!(
         error("cache.size = 1\n"),
         "bucketfs.toml: unknown key `cache.size` (expected one of: dir, disk_bytes_max, \
-         memory_bytes_max)"
+         memory_bytes_max, metadata_bytes_max)"
     );
     assert_eq!(
         error("admin = { listen = \"127.0.0.1:1\", port = 2 }\n"),
