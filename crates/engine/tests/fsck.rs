@@ -15,9 +15,13 @@ async fn read_only(w: &World) -> Engine {
     Engine::open(w.bucket.clone(), opts).await.unwrap()
 }
 
-/// Inode 5 in three log objects of 16 extents each, then checkpoints; closed cleanly.
+/// Inode 5 in three log objects of 16 extents each, then checkpoints; closed cleanly. Nothing
+/// is repacked, so inode 5's extents stay where they were written.
 async fn filled(w: &World) {
-    let e = open(w).await;
+    let mut opts = EngineOptions::for_tests("pw");
+    opts.tuning.repack_live_extents_max = 0;
+    let (bucket, opts) = w.writer(opts);
+    let e = Engine::open(bucket, opts).await.unwrap();
     for part in 0..3u64 {
         let len = 16 * EXTENT_SIZE_BYTES;
         e.write(
