@@ -56,6 +56,8 @@ fn options() -> EngineOptions {
         passes: 1,
     };
     opts.metadata_cache_bytes_max = 256 << 20;
+    // The defaults of a server, not the small parts tests use.
+    opts.tuning.run_part_bytes = bucketfs_engine::Tuning::default().run_part_bytes;
     // A checkpoint every 8 flushes (80,000 files), as a busy filesystem would reach them.
     opts.tuning.log_objects_per_checkpoint_min = 8;
     opts.tuning.log_objects_per_checkpoint_max = 8;
