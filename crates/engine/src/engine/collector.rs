@@ -63,6 +63,31 @@ pub(super) enum Repack {
     No,
 }
 
+/// Every live extent pointer of `sources` (newest first), as (inode, index, pointer), in key
+/// order (the collector's and fsck's one pass over the map).
+pub(super) async fn all_extents(
+    sources: &[crate::lsm::merge::Source<'_>],
+) -> Result<Vec<(u64, u64, ExtentPtr)>, EngineError> {
+    use crate::meta::run_key;
+    let (start, end) = (run_key::extent(0, 0), run_key::extents_end());
+    let mut extents = Vec::new();
+    let mut malformed = false;
+    crate::lsm::merge::for_each_live_in(sources, &start, Some(&end), |k, v| {
+        match (run_key::parse_extent(k), run_key::parse_ptr(v)) {
+            (Some((ino, index)), Some(ptr)) => extents.push((ino, index, ptr)),
+            _ => malformed = true,
+        }
+        !malformed
+    })
+    .await?;
+    if malformed {
+        return Err(EngineError::Corrupt(
+            "a metadata run holds a malformed extent pointer".into(),
+        ));
+    }
+    Ok(extents)
+}
+
 impl Engine {
     /// Moves extents, unchanged, out of log objects the checkpoint `base` covers, into new
     /// log objects, so that the old ones die and the next checkpoint deletes them:
@@ -119,7 +144,7 @@ impl Engine {
         if sparse_seqs.is_empty() && fragmented_seqs.is_empty() && lz4_seqs.is_empty() {
             return Ok(());
         }
-        let mut extents = self.base_extents(base).await?;
+        let mut extents = all_extents(&base.sources()).await?;
         extents.retain(|(_, _, p)| {
             sparse_seqs.contains(&p.seq)
                 || fragmented_seqs.contains(&p.seq)
@@ -152,28 +177,6 @@ impl Engine {
         // Extents of fragmented objects that held lz4 frames are moved already: the move skips
         // what no longer points where the checkpoint saw it.
         self.move_extents(base, &lz4, &c.extents_resealed).await
-    }
-
-    /// Every extent pointer of `base`, as (inode, index, pointer).
-    async fn base_extents(&self, base: &Base) -> Result<Vec<(u64, u64, ExtentPtr)>, EngineError> {
-        use crate::meta::run_key;
-        let (start, end) = (run_key::extent(0, 0), run_key::extents_end());
-        let mut extents = Vec::new();
-        let mut malformed = false;
-        crate::lsm::merge::for_each_live_in(&base.sources(), &start, Some(&end), |k, v| {
-            match (run_key::parse_extent(k), run_key::parse_ptr(v)) {
-                (Some((ino, index)), Some(ptr)) => extents.push((ino, index, ptr)),
-                _ => malformed = true,
-            }
-            !malformed
-        })
-        .await?;
-        if malformed {
-            return Err(EngineError::Corrupt(
-                "a metadata run holds a malformed extent pointer".into(),
-            ));
-        }
-        Ok(extents)
     }
 
     /// Moves `extents` (inode, index, pointer as the checkpoint has it) by flushes of up to

@@ -212,7 +212,7 @@ impl Engine {
     pub(super) async fn committed_extents(
         &self,
     ) -> Result<Vec<(u64, u64, ExtentPtr)>, EngineError> {
-        use crate::lsm::merge::{for_each_live_in, Source};
+        use crate::lsm::merge::Source;
         use crate::meta::run_key;
         let (start, end) = (run_key::extent(0, 0), run_key::extents_end());
         let (layers, base) = {
@@ -224,22 +224,7 @@ impl Engine {
         };
         let mut sources: Vec<Source<'_>> = layers.iter().map(Source::Mem).collect();
         sources.extend(base.sources());
-        let mut extents = Vec::new();
-        let mut malformed = false;
-        for_each_live_in(&sources, &start, Some(&end), |k, v| {
-            match (run_key::parse_extent(k), run_key::parse_ptr(v)) {
-                (Some((ino, index)), Some(ptr)) => extents.push((ino, index, ptr)),
-                _ => malformed = true,
-            }
-            !malformed
-        })
-        .await?;
-        if malformed {
-            return Err(EngineError::Corrupt(
-                "a metadata run holds a malformed extent pointer".into(),
-            ));
-        }
-        Ok(extents)
+        collector::all_extents(&sources).await
     }
 
     /// Reads log object `seq` whole and checks its metadata and the frames of `extents`.
