@@ -41,8 +41,8 @@ BEFORE_S=20
 AFTER_S=20
 OUTAGE_S=${BUCKETFS_PG_OUTAGE_SECONDS:-30}
 read -r -a MODES <<<"${BUCKETFS_PG_OUTAGE_MODES:-503 hang reset refuse}"
-# Step 1's outage_timeout_s: longer than the outage plus the requests a hang holds up (30 s
-# each, docs/0004), so that no barrier fails.
+# Step 1's outage_timeout_s: longer than the outage plus the request under way when it ends (at
+# most 20 s, docs/0004), with room to spare, so that no barrier fails.
 RIDE_OUTAGE_TIMEOUT_S=$((OUTAGE_S + 120))
 # After the store returns, a waiting barrier retries within 5 s (its backoff's cap, docs/0004),
 # the bucket's own retries of that attempt take about 1.5 s more, and pgbench's progress counts

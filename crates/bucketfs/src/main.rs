@@ -2,11 +2,11 @@
 //! endpoint or, for `init` and `change-password`, work on files and the bucket directly.
 
 mod admin;
-mod config;
 mod exports;
 mod run;
-mod size;
 mod tls;
+
+use bucketfs::{config, size};
 
 use clap::{Parser, Subcommand};
 

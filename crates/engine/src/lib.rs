@@ -24,8 +24,8 @@ mod tuning;
 pub use crypto::{KdfCost, KeyError, FORMAT_VERSION};
 pub use engine::{
     change_password, check_checkpoint_name, prefix_end, CheckpointInfo, Engine, EngineError,
-    EngineOptions, EngineStats, Expect, Fill, FsckProblem, FsckReport, KvChange, StoreOutage, Txn,
-    SUPERBLOCK_KEY,
+    EngineOptions, EngineStats, Expect, Fill, FsckProblem, FsckReport, KvChange, OutageSide,
+    StoreOutage, Txn, SUPERBLOCK_KEY,
 };
 pub use frame::Codec;
 pub use lease::LeaseError;

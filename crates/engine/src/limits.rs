@@ -79,8 +79,18 @@ pub const DELETE_CONCURRENCY: usize = 16;
 pub const STORE_ATTEMPTS_MAX: u32 = 5;
 /// First retry delay; doubled on every attempt.
 pub const STORE_RETRY_BASE_DELAY_MS: u64 = 50;
-/// A single object-store request taking longer than this counts as a transient failure.
-pub const STORE_REQUEST_TIMEOUT_MS: u64 = 30_000;
+/// One attempt of an object-store request is abandoned (a transient failure, retried) after
+/// this long plus STORE_ATTEMPT_MS_PER_MIB for each MiB it carries: a store that hangs must not
+/// hold the barrier pipeline, and a big PUT on a slow link must still get through.
+pub const STORE_ATTEMPT_TIMEOUT_MS: u64 = 10_000;
+/// The time allowed per MiB of an attempt's body or range: a link of at least 1 MiB/s.
+pub const STORE_ATTEMPT_MS_PER_MIB: u64 = 1_000;
+/// A GET of a whole object, whose size is not known up front, is abandoned after this long.
+pub const STORE_GET_TIMEOUT_MS: u64 = 30_000;
+/// No new attempt starts once a request has been retried for this long: past it the caller
+/// decides (a barrier waits out an outage with its own clock, docs/0004), so that a hanging
+/// store costs a caller one budget, not STORE_ATTEMPTS_MAX timeouts.
+pub const STORE_REQUEST_BUDGET_MS: u64 = 20_000;
 
 /// Argon2id cost for deriving the key-wrapping key from the password: 64 MiB, 3 passes
 /// (OWASP's recommended floor); paid once per open, never per request.

@@ -19,6 +19,9 @@ pub enum Fault {
     FailPuts,
     /// Every request first waits this long (a slow link).
     Delay(Duration),
+    /// Every request waits without an answer until the fault is changed, and then fails as a
+    /// closed connection would (a store or link that hangs).
+    Hang,
     None,
 }
 
@@ -40,6 +43,14 @@ impl FaultyBucket {
     }
 
     async fn check(&self, is_put: bool) -> Result<(), StoreError> {
+        if *self.fault.lock() == Fault::Hang {
+            while *self.fault.lock() == Fault::Hang {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            return Err(StoreError::Transient(
+                "injected fault: connection closed after a hang".into(),
+            ));
+        }
         let delay = {
             let mut f = self.fault.lock();
             match &mut *f {

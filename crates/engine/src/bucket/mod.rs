@@ -15,7 +15,7 @@ pub use counting::{CountingBucket, RequestCounts};
 pub use crashable::{CrashableBucket, FreezePlan};
 pub use faults::{Fault, FaultyBucket};
 pub use local::LocalBucket;
-pub use retry::RetryingBucket;
+pub use retry::{RetryLimits, RetryingBucket};
 pub use store::{open_object_store, ObjectStoreBucket, StoreOptions};
 
 use async_trait::async_trait;

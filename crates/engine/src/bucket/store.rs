@@ -1,7 +1,6 @@
 //! [`Bucket`] over the object_store crate: `s3://`, `gs://`, `az://`, `file://`, `memory://`.
 
 use super::{Bucket, DeleteMode, ObjectInfo, PutMode, StoreError};
-use crate::limits::STORE_REQUEST_TIMEOUT_MS;
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures::TryStreamExt;
@@ -43,7 +42,9 @@ pub fn open_object_store(url: &str, options: &StoreOptions) -> Result<ObjectStor
         max_retries: 2,
         retry_timeout: Duration::from_secs(10),
     };
-    let client = ClientOptions::new().with_timeout(Duration::from_millis(STORE_REQUEST_TIMEOUT_MS));
+    // RetryingBucket times each attempt by its size; the client's own timeout is only a backstop
+    // for requests made without it.
+    let client = ClientOptions::new().with_timeout(Duration::from_secs(600));
     let (bucket_name, prefix) = match rest.split_once('/') {
         Some((b, p)) => (b, p.trim_matches('/')),
         None => (rest, ""),

@@ -28,7 +28,6 @@ pub(super) enum UploadState {
     Waiting,
     InFlight,
     Stored,
-    Failed(String),
 }
 
 /// Flushes run in two stages so that sealing one batch overlaps with uploading the previous
@@ -182,11 +181,12 @@ impl Engine {
             if let Some(why) = &*self.inner.poisoned.lock() {
                 break Err(EngineError::Poisoned(why.clone()));
             }
+            let attempt_started = tokio::time::Instant::now();
             self.seal_pending(target, waiting).await;
             match self.upload_queued(target).await {
                 Ok(()) => {}
                 Err(EngineError::Store(StoreError::Transient(why))) => {
-                    match self.outage_wait(&why, retries) {
+                    match self.outage_wait(OutageSide::Uploads, attempt_started, &why, retries) {
                         Some(wait) => {
                             retries += 1;
                             tokio::time::sleep(wait).await;
@@ -263,7 +263,11 @@ impl Engine {
     }
 
     /// Stage two: upload and commit queued objects in order until `target` is durable.
+    /// Every caller waiting when an upload fails gets the error (and decides, in `barrier`,
+    /// whether to wait out an outage): were it handed to one of them only, a barrier could wait
+    /// without end behind others that keep retrying (the engine's periodic flush does).
     pub(super) async fn upload_queued(&self, target: u64) -> Result<(), EngineError> {
+        let failures = self.inner.upload_failures.load(Ordering::Acquire);
         loop {
             if self.inner.durable_gen.load(Ordering::Acquire) >= target {
                 return Ok(());
@@ -277,14 +281,9 @@ impl Engine {
             {
                 let mut ctl = self.inner.upload.lock().await;
                 loop {
-                    let front = self
-                        .inner
-                        .queue
-                        .lock()
-                        .front()
-                        .map(|s| (s.upload.clone(), s.seq));
+                    let front = self.inner.queue.lock().front().map(|s| s.upload.clone());
                     match front {
-                        Some((UploadState::Stored, _)) => {
+                        Some(UploadState::Stored) => {
                             let sealed = self
                                 .inner
                                 .queue
@@ -298,15 +297,6 @@ impl Engine {
                             self.inner.queue.lock().pop_front();
                             self.inner.committed_notify.notify_waiters();
                         }
-                        Some((UploadState::Failed(why), seq)) => {
-                            // Retried, byte for byte, by the next flush.
-                            if let Some(f) = self.inner.queue.lock().front_mut() {
-                                f.upload = UploadState::Waiting;
-                            }
-                            self.inner.upload_failing.store(true, Ordering::Release);
-                            tracing::error!(seq, error = %why, "upload failed; the sealed object stays queued and is uploaded again by the next flush");
-                            return Err(EngineError::Store(StoreError::Transient(why)));
-                        }
                         Some(_) => break,
                         None => return Ok(()),
                     }
@@ -314,6 +304,10 @@ impl Engine {
             }
             if self.inner.durable_gen.load(Ordering::Acquire) >= target {
                 return Ok(());
+            }
+            if self.inner.upload_failures.load(Ordering::Acquire) != failures {
+                let why = self.inner.upload_error.lock().clone();
+                return Err(EngineError::Store(StoreError::Transient(why)));
             }
             if let Some(why) = &*self.inner.poisoned.lock() {
                 return Err(EngineError::Poisoned(why.clone()));
@@ -377,17 +371,24 @@ impl Engine {
             ok = result.is_ok(),
             "uploaded"
         );
-        if result.is_ok() {
-            self.inner.upload_failing.store(false, Ordering::Release);
-            self.outage_over();
+        match result {
+            Ok(()) => {
+                self.inner.upload_failing.store(false, Ordering::Release);
+                self.outage_over(OutageSide::Uploads);
+                self.set_upload_state(seq, UploadState::Stored);
+            }
+            Err(e) => {
+                // Retried, byte for byte, by the next flush; every waiter hears of the failure.
+                tracing::error!(seq, error = %e, "upload failed; the sealed object stays queued and is uploaded again by the next flush");
+                *self.inner.upload_error.lock() = match e {
+                    EngineError::Store(StoreError::Transient(why)) => why,
+                    other => other.to_string(),
+                };
+                self.inner.upload_failing.store(true, Ordering::Release);
+                self.inner.upload_failures.fetch_add(1, Ordering::AcqRel);
+                self.set_upload_state(seq, UploadState::Waiting);
+            }
         }
-        self.set_upload_state(
-            seq,
-            match result {
-                Ok(()) => UploadState::Stored,
-                Err(e) => UploadState::Failed(e.to_string()),
-            },
-        );
     }
 
     pub(super) fn set_upload_state(&self, seq: u64, state: UploadState) {

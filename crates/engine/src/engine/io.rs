@@ -64,7 +64,8 @@ impl Engine {
                 }
                 (missing, st.commit_gen, st.committed.base().clone())
             };
-            self.fetch_bases(&missing, commit_gen, &base).await?;
+            self.ride_out_reads(|| self.fetch_bases(&missing, commit_gen, &base))
+                .await?;
         }
     }
 
@@ -208,6 +209,16 @@ impl Engine {
     }
 
     pub async fn read(&self, ino: u64, offset: u64, length: usize) -> Result<Vec<u8>, EngineError> {
+        self.ride_out_reads(|| self.read_current(ino, offset, length))
+            .await
+    }
+
+    async fn read_current(
+        &self,
+        ino: u64,
+        offset: u64,
+        length: usize,
+    ) -> Result<Vec<u8>, EngineError> {
         loop {
             match self.read_once(ino, offset, length).await {
                 // The log object was collected after its extents were overwritten while this read
@@ -386,7 +397,9 @@ impl Engine {
             crate::meta::run_key::extent(ino, first),
             crate::meta::run_key::extent(ino, last + 1),
         );
-        let found = self.scan_snapshot(&start, &end, usize::MAX).await?;
+        let found = self
+            .ride_out_reads(|| self.scan_snapshot(&start, &end, usize::MAX))
+            .await?;
         let allocated: BTreeSet<u64> = found
             .iter()
             .filter_map(|(k, _)| crate::meta::run_key::parse_extent(k).map(|(_, i)| i))
@@ -441,6 +454,10 @@ impl Engine {
     }
 
     pub async fn kv_get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, EngineError> {
+        self.ride_out_reads(|| self.kv_get_current(key)).await
+    }
+
+    async fn kv_get_current(&self, key: &[u8]) -> Result<Option<Vec<u8>>, EngineError> {
         loop {
             let base = {
                 let st = self.inner.state.lock();
@@ -475,7 +492,9 @@ impl Engine {
             return Ok(Vec::new());
         }
         let (s, e) = crate::meta::run_key::kv_bounds(start, end);
-        let found = self.scan_snapshot(&s, &e, limit).await?;
+        let found = self
+            .ride_out_reads(|| self.scan_snapshot(&s, &e, limit))
+            .await?;
         Ok(found
             .into_iter()
             .map(|(k, v)| {

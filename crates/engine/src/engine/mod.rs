@@ -32,7 +32,7 @@ pub use fsck::{FsckProblem, FsckReport};
 pub use io::prefix_end;
 pub use io::{Fill, KvChange};
 pub use options::EngineOptions;
-pub use outage::StoreOutage;
+pub use outage::{OutageSide, StoreOutage};
 pub use pins::{check_checkpoint_name, CheckpointInfo};
 pub use recovery::change_password;
 pub use stats::EngineStats;
@@ -122,8 +122,11 @@ struct Inner {
     log_bytes_stored: AtomicU64,
     /// The last upload failed (its object is still queued).
     upload_failing: AtomicBool,
+    /// Failed uploads so far, and the last one's error: see `upload_queued`.
+    upload_failures: AtomicU64,
+    upload_error: Mutex<String>,
     /// Since when uploads fail, while they do; barriers wait this long at most.
-    outage: Mutex<Option<outage::Outage>>,
+    outage: Mutex<outage::Outages>,
     outage_timeout: Duration,
     /// Wakes writers waiting for room when an upload commits.
     committed_notify: tokio::sync::Notify,

@@ -1,44 +1,84 @@
-//! Riding out object-store outages. A barrier whose upload fails (after the bucket's own
-//! retries) waits and retries, with capped backoff, for as long as the store has been failing
-//! for less than `EngineOptions::outage_timeout`; only then does it answer the error. A
-//! database treats a failed fsync as fatal, so a brownout of a few seconds must cost latency,
-//! not a crash. Writers keep going until the unflushed bound, then wait with the barriers.
+//! Riding out object-store outages. A request that fails after the bucket's own retries (or
+//! that hangs past their budget) is retried here, with capped backoff, for as long as the store
+//! has been failing for less than `EngineOptions::outage_timeout`; only then is the error
+//! answered. A database treats a failed fsync as fatal and a failed read as a failed query, so a
+//! brownout of a few seconds must cost latency, not a crash. Writers keep going until the
+//! unflushed bound, then wait with the barriers. docs/0004 has the contract.
 
 use super::*;
+use std::future::Future;
 
-/// The first wait between barrier retries during an outage, doubled each time up to
+/// The first wait between retries during an outage, doubled each time up to
 /// OUTAGE_RETRY_WAIT_MAX_MS: a short brownout ends quickly, a long one costs few requests.
 const OUTAGE_RETRY_WAIT_FIRST_MS: u64 = 200;
 const OUTAGE_RETRY_WAIT_MAX_MS: u64 = 5_000;
 
-/// An outage under way: since when uploads fail, and the last error.
+/// Which requests fail. Each side has its own clock, ended only by a success of its own kind:
+/// a store that serves reads but refuses writes is still down for barriers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OutageSide {
+    /// Uploads of log objects (barriers, write-behind).
+    Uploads,
+    /// Reads of extents and metadata that are not cached.
+    Reads,
+}
+
+/// An outage under way: since when requests of one side fail, and the last error.
 pub(super) struct Outage {
     since: tokio::time::Instant,
     since_unix_s: u64,
     last_error: String,
 }
 
+/// The outages under way, by side.
+#[derive(Default)]
+pub(super) struct Outages {
+    uploads: Option<Outage>,
+    reads: Option<Outage>,
+}
+
+impl Outages {
+    fn side(&mut self, side: OutageSide) -> &mut Option<Outage> {
+        match side {
+            OutageSide::Uploads => &mut self.uploads,
+            OutageSide::Reads => &mut self.reads,
+        }
+    }
+}
+
 /// What `bucketfs status` shows of an outage.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct StoreOutage {
+    /// The requests that fail (the side failing longest when both do).
+    pub requests: OutageSide,
     pub since_unix_s: u64,
     pub seconds: u64,
     pub last_error: String,
 }
 
 impl Engine {
-    /// Records a failed upload. Returns how long the barrier waits before it retries, or None
-    /// once the store has been failing for the outage timeout.
-    pub(super) fn outage_wait(&self, error: &str, retries: u32) -> Option<Duration> {
+    /// Records a request of `side` that started at `started` and failed with `error`. Returns
+    /// how long its caller waits before it retries, or None once the store has been failing
+    /// for the outage timeout. The outage starts when the first failing request did, so that
+    /// a hang's own timeouts count against the outage timeout.
+    pub(super) fn outage_wait(
+        &self,
+        side: OutageSide,
+        started: tokio::time::Instant,
+        error: &str,
+        retries: u32,
+    ) -> Option<Duration> {
         let timeout = self.inner.outage_timeout;
-        let mut outage = self.inner.outage.lock();
-        let o = outage.get_or_insert_with(|| {
-            tracing::warn!(error, timeout_s = timeout.as_secs(), "the object store is failing: barriers wait and retry until it answers again or the outage timeout passes");
+        let mut outages = self.inner.outage.lock();
+        let o = outages.side(side).get_or_insert_with(|| {
+            tracing::warn!(?side, error, timeout_s = timeout.as_secs(), "the object store is failing: requests wait and retry until it answers again or the outage timeout passes");
+            let now_unix_s = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
             Outage {
-                since: tokio::time::Instant::now(),
-                since_unix_s: std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_secs()),
+                since: started,
+                since_unix_s: now_unix_s.saturating_sub(started.elapsed().as_secs()),
                 last_error: String::new(),
             }
         });
@@ -52,19 +92,62 @@ impl Engine {
         Some(Duration::from_millis(wait).min(left))
     }
 
-    /// An upload was stored: the outage, if any, is over.
-    pub(super) fn outage_over(&self) {
-        if let Some(o) = self.inner.outage.lock().take() {
+    /// A request of `side` reached the store: the outage of that side, if any, is over.
+    pub(super) fn outage_over(&self, side: OutageSide) {
+        if let Some(o) = self.inner.outage.lock().side(side).take() {
             tracing::warn!(
+                ?side,
                 seconds = o.since.elapsed().as_secs_f64(),
                 "the object store answers again"
             );
         }
     }
 
-    /// The outage under way, if uploads are failing.
+    /// Runs a read of the store (`op`, which may be retried whole) through an outage: while the
+    /// store has failed reads for less than the outage timeout, a transient failure waits and
+    /// tries again instead of answering the error.
+    pub(super) async fn ride_out_reads<T, F, Fut>(&self, mut op: F) -> Result<T, EngineError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, EngineError>>,
+    {
+        let mut retries = 0;
+        loop {
+            let started = tokio::time::Instant::now();
+            match op().await {
+                Err(EngineError::Store(StoreError::Transient(why))) => {
+                    match self.outage_wait(OutageSide::Reads, started, &why, retries) {
+                        Some(wait) => {
+                            retries += 1;
+                            tokio::time::sleep(wait).await;
+                        }
+                        None => return Err(EngineError::Store(StoreError::Transient(why))),
+                    }
+                }
+                other => {
+                    // Only a request that failed and then got through has reached the store;
+                    // one served from a cache says nothing about it.
+                    if retries > 0 && other.is_ok() {
+                        self.outage_over(OutageSide::Reads);
+                    }
+                    return other;
+                }
+            }
+        }
+    }
+
+    /// The outage under way, if requests are failing: the side failing longest.
     pub fn store_outage(&self) -> Option<StoreOutage> {
-        self.inner.outage.lock().as_ref().map(|o| StoreOutage {
+        let outages = self.inner.outage.lock();
+        [
+            (OutageSide::Uploads, &outages.uploads),
+            (OutageSide::Reads, &outages.reads),
+        ]
+        .into_iter()
+        .filter_map(|(side, o)| o.as_ref().map(|o| (side, o)))
+        .min_by_key(|(_, o)| o.since)
+        .map(|(side, o)| StoreOutage {
+            requests: side,
             since_unix_s: o.since_unix_s,
             seconds: o.since.elapsed().as_secs(),
             last_error: o.last_error.clone(),

@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use bucketfs_engine::bucket::{
-    open_url, CrashableBucket, FaultyBucket, RetryingBucket, SharedBucket,
+    open_url, CrashableBucket, FaultyBucket, RetryLimits, RetryingBucket, SharedBucket,
 };
 use bucketfs_engine::{Engine, EngineOptions, Fill, TaskSet, Tuning};
 use std::sync::Arc;
@@ -81,11 +81,20 @@ pub fn world() -> World {
 
 impl World {
     /// The bucket and options of a new writer process (its own view of the store, its own tasks).
-    pub fn writer(&self, mut opts: EngineOptions) -> (SharedBucket, EngineOptions) {
+    pub fn writer(&self, opts: EngineOptions) -> (SharedBucket, EngineOptions) {
+        self.writer_with_limits(opts, RetryLimits::default())
+    }
+
+    /// A writer whose bucket retries within `limits` (short ones make hangs quick to test).
+    pub fn writer_with_limits(
+        &self,
+        mut opts: EngineOptions,
+        limits: RetryLimits,
+    ) -> (SharedBucket, EngineOptions) {
         let view = Arc::new(CrashableBucket::new(self.faults.clone(), None));
         opts.tasks = TaskSet::default();
         *self.writer.lock() = Some((opts.tasks.clone(), view.clone()));
-        (Arc::new(RetryingBucket::new(view)), opts)
+        (Arc::new(RetryingBucket::with_limits(view, limits)), opts)
     }
 }
 
