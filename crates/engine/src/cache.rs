@@ -1,6 +1,8 @@
 //! The local-disk cache tier: stored bytes (compressed and sealed, as in the bucket) of log
-//! objects this process wrote and of frames it fetched. Everything in it is also in the bucket,
-//! so it is emptied at every start and may be deleted at any time.
+//! objects this process wrote and of frames it fetched, and of metadata runs it wrote and of
+//! run blocks it fetched. Everything in it is also in the bucket, so it is emptied at every
+//! start and may be deleted at any time; what is read from it is authenticated like what is
+//! read from the bucket.
 
 use parking_lot::Mutex;
 use std::collections::BTreeSet;
@@ -15,32 +17,48 @@ pub struct DiskCache {
     index: Mutex<Index>,
 }
 
-/// A cached piece: a whole log object, or one frame of it (at its offset).
+/// The kinds of object cached, each with its own numbers.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
+pub enum Space {
+    /// Log objects, by sequence number; pieces are frames.
+    Log,
+    /// Metadata run objects (parts), by seal id; pieces are blocks.
+    Run,
+}
+
+/// A cached piece: a whole object, or a piece of it (at its offset).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 struct Key {
-    seq: u64,
-    frame_offset: Option<u32>,
+    space: Space,
+    id: u64,
+    piece_offset: Option<u64>,
 }
 
 impl Key {
-    fn object(seq: u64) -> Key {
+    fn object(space: Space, id: u64) -> Key {
         Key {
-            seq,
-            frame_offset: None,
+            space,
+            id,
+            piece_offset: None,
         }
     }
 
-    fn frame(seq: u64, offset: u32) -> Key {
+    fn piece(space: Space, id: u64, offset: u64) -> Key {
         Key {
-            seq,
-            frame_offset: Some(offset),
+            space,
+            id,
+            piece_offset: Some(offset),
         }
     }
 
     fn file_name(&self) -> String {
-        match self.frame_offset {
-            None => format!("{:020}", self.seq),
-            Some(offset) => format!("{:020}-{offset}", self.seq),
+        let prefix = match self.space {
+            Space::Log => "",
+            Space::Run => "run-",
+        };
+        match self.piece_offset {
+            None => format!("{prefix}{:020}", self.id),
+            Some(offset) => format!("{prefix}{:020}-{offset}", self.id),
         }
     }
 }
@@ -100,18 +118,19 @@ impl DiskCache {
         })
     }
 
-    /// Bytes `offset..offset+length` of log object `seq`, if cached (whole or as that frame).
-    pub fn get(&self, seq: u64, offset: u32, length: u32) -> Option<Vec<u8>> {
+    /// Bytes `offset..offset+length` of object `id` of `space`, if cached (whole or as that
+    /// piece).
+    pub fn get(&self, space: Space, id: u64, offset: u64, length: u32) -> Option<Vec<u8>> {
         use std::os::unix::fs::FileExt;
         let (key, at) = {
             let mut idx = self.index.lock();
-            let whole = Key::object(seq);
+            let whole = Key::object(space, id);
             if idx.lru.get(&whole).is_some() {
-                (whole, u64::from(offset))
+                (whole, offset)
             } else {
-                let frame = Key::frame(seq, offset);
-                match idx.lru.get(&frame) {
-                    Some(&size) if size == u64::from(length) => (frame, 0),
+                let piece = Key::piece(space, id, offset);
+                match idx.lru.get(&piece) {
+                    Some(&size) if size == u64::from(length) => (piece, 0),
                     _ => return None,
                 }
             }
@@ -127,20 +146,20 @@ impl DiskCache {
         }
     }
 
-    pub fn put_object(&self, seq: u64, bytes: &[u8]) {
-        self.insert(Key::object(seq), bytes);
+    pub fn put_object(&self, space: Space, id: u64, bytes: &[u8]) {
+        self.insert(Key::object(space, id), bytes);
     }
 
-    pub fn put_frame(&self, seq: u64, offset: u32, bytes: &[u8]) {
-        self.insert(Key::frame(seq, offset), bytes);
+    pub fn put_piece(&self, space: Space, id: u64, offset: u64, bytes: &[u8]) {
+        self.insert(Key::piece(space, id, offset), bytes);
     }
 
-    /// Forgets what a deleted log object left here.
-    pub fn drop_object(&self, seq: u64) {
+    /// Forgets what a deleted object left here.
+    pub fn drop_object(&self, space: Space, id: u64) {
         let keys: Vec<Key> = {
             let idx = self.index.lock();
             idx.keys
-                .range(Key::object(seq)..=Key::frame(seq, u32::MAX))
+                .range(Key::object(space, id)..=Key::piece(space, id, u64::MAX))
                 .copied()
                 .collect()
         };
@@ -206,26 +225,34 @@ mod tests {
     fn dropping_an_object_forgets_its_pieces_only_and_size_stays_bounded() {
         let dir = std::env::temp_dir().join(format!("bucketfs-diskcache-{}", std::process::id()));
         let cache = DiskCache::open(dir.clone(), 100).unwrap();
-        cache.put_object(7, &[7; 30]);
-        cache.put_frame(7, 4, &[1; 10]);
-        cache.put_frame(8, 0, &[8; 10]);
-        cache.put_object(70, &[70; 10]);
+        cache.put_object(Space::Log, 7, &[7; 30]);
+        cache.put_piece(Space::Log, 7, 4, &[1; 10]);
+        cache.put_piece(Space::Log, 8, 0, &[8; 10]);
+        cache.put_object(Space::Log, 70, &[70; 10]);
         assert_eq!(cache.bytes(), 60);
         assert_eq!(
-            cache.get(7, 2, 3),
+            cache.get(Space::Log, 7, 2, 3),
             Some(vec![7; 3]),
             "read from the whole object"
         );
-        assert_eq!(cache.get(8, 0, 10), Some(vec![8; 10]));
+        assert_eq!(cache.get(Space::Log, 8, 0, 10), Some(vec![8; 10]));
         assert_eq!(
-            cache.get(8, 0, 9),
+            cache.get(Space::Log, 8, 0, 9),
             None,
             "a frame is found by its exact length"
         );
 
-        cache.drop_object(7);
+        cache.put_piece(Space::Run, 7, 4, &[5; 10]);
+        assert_eq!(
+            cache.get(Space::Run, 7, 4, 10),
+            Some(vec![5; 10]),
+            "run 7's block is not log object 7's frame"
+        );
+        cache.drop_object(Space::Log, 7);
+        assert_eq!(cache.get(Space::Run, 7, 4, 10), Some(vec![5; 10]));
+        cache.drop_object(Space::Run, 7);
         assert_eq!(cache.bytes(), 20);
-        assert_eq!(cache.get(7, 2, 3), None);
+        assert_eq!(cache.get(Space::Log, 7, 2, 3), None);
         assert_eq!(
             files(&cache),
             ["00000000000000000008-0", "00000000000000000070"],
@@ -233,20 +260,20 @@ mod tests {
         );
 
         // Over the bound, the least recently used go first: 8's frame was read last.
-        assert!(cache.get(8, 0, 10).is_some());
-        cache.put_object(9, &[9; 85]);
+        assert!(cache.get(Space::Log, 8, 0, 10).is_some());
+        cache.put_object(Space::Log, 9, &[9; 85]);
         assert!(cache.bytes() <= 100);
         assert_eq!(
             files(&cache),
             ["00000000000000000008-0", "00000000000000000009"]
         );
-        cache.put_object(9, &[9; 5]);
+        cache.put_object(Space::Log, 9, &[9; 5]);
         assert_eq!(cache.bytes(), 15, "a piece put again replaces its size");
 
         // A second process given the same directory is refused (and empties nothing).
         let err = DiskCache::open(dir.clone(), 100).err().expect("refused");
         assert_eq!(err.kind(), std::io::ErrorKind::WouldBlock);
-        assert_eq!(cache.get(9, 0, 5), Some(vec![9; 5]));
+        assert_eq!(cache.get(Space::Log, 9, 0, 5), Some(vec![9; 5]));
         drop(cache);
         assert!(
             DiskCache::open(dir.clone(), 100).is_ok(),

@@ -513,7 +513,7 @@ impl Engine {
             let (engine, object) = (self.clone(), object.clone());
             let _detached = self.inner.tasks.spawn_blocking(move || {
                 if let Some(c) = &engine.inner.disk_cache {
-                    c.put_object(seq, &object);
+                    c.put_object(Space::Log, seq, &object);
                 }
             });
         }

@@ -213,7 +213,7 @@ impl Engine {
                         .fetch_sub(bytes, Ordering::Relaxed);
                 }
                 if let Some(c) = &self.inner.disk_cache {
-                    c.drop_object(*s);
+                    c.drop_object(Space::Log, *s);
                 }
             }
         }
@@ -415,7 +415,8 @@ impl Engine {
             info.seal_id(),
             &object,
         )?
-        .with_cache(self.inner.block_cache.clone());
+        .with_cache(self.inner.block_cache.clone())
+        .with_disk_cache(self.inner.disk_cache.clone());
         let object = Bytes::from(object);
         match self
             .inner
@@ -429,10 +430,13 @@ impl Engine {
                 tracing::warn!(run = %run_key, "replacing a run no manifest names (left by a crash or a failed checkpoint)");
                 self.inner
                     .bucket
-                    .put(&run_key, object, PutMode::Overwrite)
+                    .put(&run_key, object.clone(), PutMode::Overwrite)
                     .await?
             }
             other => other?,
+        }
+        if let Some(d) = &self.inner.disk_cache {
+            d.put_object(Space::Run, info.seal_id(), &object);
         }
         Ok(reader)
     }
@@ -450,11 +454,14 @@ impl Engine {
             }
         }
         for old in bucket.list("run/").await? {
-            if logobj::parse_run_key(&old.key).is_some_and(|(id, part)| {
+            if let Some((id, part)) = logobj::parse_run_key(&old.key).filter(|&(id, part)| {
                 id < seq
                     && !runs.iter().any(|r| r.id == id && r.part == part)
                     && !self.inner.pins.lock().holds_run(id)
             }) {
+                if let Some(d) = &self.inner.disk_cache {
+                    d.drop_object(Space::Run, logobj::run_seal_id(id, part));
+                }
                 garbage.push(old.key);
             }
         }

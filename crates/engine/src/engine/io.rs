@@ -333,7 +333,7 @@ impl Engine {
                 self.inner
                     .disk_cache
                     .as_ref()
-                    .and_then(|c| c.get(p.seq, p.offset, p.length))
+                    .and_then(|c| c.get(Space::Log, p.seq, p.offset.into(), p.length))
                     .map(Bytes::from)
             })
             .collect();
@@ -358,7 +358,7 @@ impl Engine {
                     let at = (u64::from(p.offset) - lo) as usize;
                     let frame = bytes.slice(at..at + p.length as usize);
                     if let Some(c) = &self.inner.disk_cache {
-                        c.put_frame(p.seq, p.offset, &frame);
+                        c.put_piece(Space::Log, p.seq, p.offset.into(), &frame);
                     }
                     *slot = Some(frame);
                 }
@@ -372,7 +372,7 @@ impl Engine {
                 Err(e) => {
                     tracing::error!(object = %key, error = %e, "stored data failed verification; answering EIO");
                     if let Some(c) = &self.inner.disk_cache {
-                        c.drop_object(seq);
+                        c.drop_object(Space::Log, seq);
                     }
                     return Err(EngineError::Corrupt(format!("{key}: {e}")));
                 }

@@ -46,7 +46,7 @@ use pins::Pins;
 use stats::Counters;
 
 use crate::bucket::{DeleteMode, PutMode, SharedBucket, StoreError};
-use crate::cache::DiskCache;
+use crate::cache::{DiskCache, Space};
 use crate::cadence::{BarrierCadence, WriteBehind};
 use crate::crypto::{KdfCost, KeyError, Sealer, Superblock};
 use crate::extent_buffers::ExtentBuffers;
@@ -89,7 +89,7 @@ struct Inner {
     queue: Mutex<VecDeque<Sealed>>,
     durable_gen: AtomicU64,
     poisoned: Mutex<Option<String>>,
-    disk_cache: Option<DiskCache>,
+    disk_cache: Option<Arc<DiskCache>>,
     /// The writer lock (none when read-only); shared only with `Engine::open` while it loads.
     lock_holder: Option<Arc<Lease>>,
     checkpoint_running: AtomicBool,

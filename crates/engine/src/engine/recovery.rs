@@ -136,6 +136,26 @@ impl Engine {
         format_version: u32,
     ) -> Result<Engine, EngineError> {
         let block_cache = BlockCache::new(opts.metadata_cache_bytes_max);
+        let disk_cache = match &opts.disk_cache_dir {
+            Some(dir) if opts.disk_cache_bytes_max > 0 => {
+                match DiskCache::open(dir.clone(), opts.disk_cache_bytes_max) {
+                    Ok(cache) => Some(Arc::new(cache)),
+                    // A reader beside a writer given the same config: sharing the directory
+                    // would empty the other's cache; one of them goes without.
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        tracing::warn!(dir = %dir.display(), "the cache directory is in use by another bucketfs process: running without a disk cache (give this one its own cache.dir)");
+                        None
+                    }
+                    Err(e) => {
+                        return Err(EngineError::Store(StoreError::Permanent(format!(
+                            "cache directory {}: {e}",
+                            dir.display()
+                        ))))
+                    }
+                }
+            }
+            _ => None,
+        };
         let pins = pins::load_pins(&bucket, &sealer).await?;
         let pinned = match &opts.checkpoint {
             Some(name) if !opts.read_only => {
@@ -159,7 +179,7 @@ impl Engine {
         let mut committed;
         let checkpoint_seq = match manifest_seq {
             Some(seq) => {
-                let base = load_base(&bucket, &sealer, seq, &block_cache).await?;
+                let base = load_base(&bucket, &sealer, seq, &block_cache, &disk_cache).await?;
                 committed = MetaState::new(Arc::new(base));
                 seq
             }
@@ -259,26 +279,6 @@ impl Engine {
             extents = committed.live().extent_count(),
             "opened bucket"
         );
-        let disk_cache = match &opts.disk_cache_dir {
-            Some(dir) if opts.disk_cache_bytes_max > 0 => {
-                match DiskCache::open(dir.clone(), opts.disk_cache_bytes_max) {
-                    Ok(cache) => Some(cache),
-                    // A reader beside a writer given the same config: sharing the directory
-                    // would empty the other's cache; one of them goes without.
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                        tracing::warn!(dir = %dir.display(), "the cache directory is in use by another bucketfs process: running without a disk cache (give this one its own cache.dir)");
-                        None
-                    }
-                    Err(e) => {
-                        return Err(EngineError::Store(StoreError::Permanent(format!(
-                            "cache directory {}: {e}",
-                            dir.display()
-                        ))))
-                    }
-                }
-            }
-            _ => None,
-        };
         // Writes retry against the memory tier until their base is there: never let it be tiny.
         let clean_extents = (opts.memory_cache_bytes_max as usize / EXTENT_SIZE_BYTES).max(1024);
         let engine = Engine {
@@ -357,6 +357,7 @@ async fn load_base(
     sealer: &Arc<Sealer>,
     seq: u64,
     cache: &Arc<BlockCache>,
+    disk: &Option<Arc<DiskCache>>,
 ) -> Result<Base, EngineError> {
     let key = logobj::manifest_key(seq);
     let bytes = bucket.get(&key).await?;
@@ -371,7 +372,11 @@ async fn load_base(
             run.size_bytes,
         )
         .await?;
-        runs.push(Arc::new(reader.with_cache(cache.clone())));
+        runs.push(Arc::new(
+            reader
+                .with_cache(cache.clone())
+                .with_disk_cache(disk.clone()),
+        ));
     }
     let objects = match manifest.objects {
         Some(table) => table,

@@ -16,6 +16,7 @@
 use super::cache::{Block, BlockCache};
 use super::{Entry, RangeDelete, RunError};
 use crate::bucket::SharedBucket;
+use crate::cache::{DiskCache, Space};
 use crate::crypto::Sealer;
 use crate::limits::{
     RUN_BLOCK_BYTES_TARGET, RUN_BLOCK_PLAIN_BYTES_MAX, RUN_INDEX_PLAIN_BYTES_MAX,
@@ -265,6 +266,9 @@ pub struct RunReader {
     bucket: SharedBucket,
     sealer: Arc<Sealer>,
     cache: Option<Arc<BlockCache>>,
+    /// The local-disk tier under the block cache: a block evicted from memory is read from
+    /// disk, not fetched again from the bucket.
+    disk: Option<Arc<DiskCache>>,
     blocks: Vec<BlockRef>,
     ranges: Vec<RangeDelete>,
     entry_count: u64,
@@ -312,6 +316,12 @@ impl RunReader {
     /// Reads blocks through `cache` from now on.
     pub fn with_cache(mut self, cache: Arc<BlockCache>) -> RunReader {
         self.cache = Some(cache);
+        self
+    }
+
+    /// Reads blocks that miss the block cache through the disk cache `disk` (if any).
+    pub fn with_disk_cache(mut self, disk: Option<Arc<DiskCache>>) -> RunReader {
+        self.disk = disk;
         self
     }
 
@@ -388,6 +398,7 @@ impl RunReader {
             bucket,
             sealer,
             cache: None,
+            disk: None,
             blocks,
             ranges,
             entry_count,
@@ -433,14 +444,46 @@ impl RunReader {
         &self.blocks[block].first_key
     }
 
-    /// Block number `block`: from the cache, or read and checked (one ranged GET).
+    /// Block number `block`: from the block cache, else from the disk cache, else read (one
+    /// ranged GET); checked either way.
     pub async fn block(&self, block: usize) -> Result<Block, RunError> {
         if let Some(found) = self.cache.as_ref().and_then(|c| c.get(self.uid, block)) {
             return Ok(found);
         }
         let b = &self.blocks[block];
-        let range = b.offset..b.offset + u64::from(b.length);
-        let sealed = self.bucket.get_range(&self.key, range).await?;
+        let on_disk = self
+            .disk
+            .as_ref()
+            .and_then(|d| d.get(Space::Run, self.run_id, b.offset, b.length));
+        let entries = match on_disk.map(|sealed| self.open_block(block, &sealed)) {
+            Some(Ok(entries)) => entries,
+            found => {
+                if found.is_some() {
+                    // Damaged on local disk: the bucket's copy decides.
+                    tracing::warn!(run = %self.key, block, "a cached run block failed its check; reading it from the bucket");
+                    if let Some(d) = &self.disk {
+                        d.drop_object(Space::Run, self.run_id);
+                    }
+                }
+                let range = b.offset..b.offset + u64::from(b.length);
+                let sealed = self.bucket.get_range(&self.key, range).await?;
+                let entries = self.open_block(block, &sealed)?;
+                if let Some(d) = &self.disk {
+                    d.put_piece(Space::Run, self.run_id, b.offset, &sealed);
+                }
+                entries
+            }
+        };
+        let entries: Block = Arc::new(entries);
+        if let Some(cache) = &self.cache {
+            cache.put(self.uid, block, entries.clone());
+        }
+        Ok(entries)
+    }
+
+    /// Authenticates, decompresses and decodes block `block` from its stored bytes.
+    fn open_block(&self, block: usize, sealed: &[u8]) -> Result<Vec<(Vec<u8>, Entry)>, RunError> {
+        let b = &self.blocks[block];
         let number = block as u64;
         let fail = |why| RunError::Block {
             key: self.key.clone(),
@@ -450,7 +493,7 @@ impl RunReader {
         let plain = open_compressed(
             &self.sealer,
             &block_aad(self.run_id, number),
-            &sealed,
+            sealed,
             RUN_BLOCK_PLAIN_BYTES_MAX,
             fail,
             RunError::Authentication {
@@ -462,10 +505,6 @@ impl RunReader {
         let (first, last) = (&entries[0].0, &entries[entries.len() - 1].0);
         if *first != b.first_key || *last != b.last_key {
             return Err(fail("keys differ from the index"));
-        }
-        let entries: Block = Arc::new(entries);
-        if let Some(cache) = &self.cache {
-            cache.put(self.uid, block, entries.clone());
         }
         Ok(entries)
     }
