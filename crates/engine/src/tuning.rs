@@ -52,6 +52,11 @@ pub struct Tuning {
     pub repack_live_extents_max: u64,
     /// Most extents one checkpoint repacks.
     pub repack_extents_max: u64,
+    /// Most extent pointers one checkpoint reads to find the extents of the objects repacking
+    /// moves out of; the next checkpoint goes on from there. At 8 KiB an extent, the default
+    /// sweeps 16 GiB of device per checkpoint (about 50 MB of pointers read) and a 1 TiB device
+    /// in 64 checkpoints.
+    pub repack_scan_extents_max: u64,
     /// A log object at most this percent live is fragmented: once aged (`reseal_after_s`), the
     /// collector moves its live extents out, least live first, so the bucket holds at most
     /// about twice the live data.
@@ -93,6 +98,7 @@ impl Default for Tuning {
             quiet_checkpoint_fraction: 8,
             repack_live_extents_max: 16,
             repack_extents_max: 2048,
+            repack_scan_extents_max: 2 << 20,
             repack_live_percent_max: 50,
             repack_fragmented_bytes_min: 64 << 20,
             reseal_after_s: 600,

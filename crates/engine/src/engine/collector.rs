@@ -64,17 +64,43 @@ pub(super) enum Repack {
 }
 
 /// Every live extent pointer of `sources` (newest first), as (inode, index, pointer), in key
-/// order (the collector's and fsck's one pass over the map).
+/// order (fsck's one pass over the map).
 pub(super) async fn all_extents(
     sources: &[crate::lsm::merge::Source<'_>],
 ) -> Result<Vec<(u64, u64, ExtentPtr)>, EngineError> {
+    Ok(extents_slice(sources, &[], u64::MAX, |_| true).await?.0)
+}
+
+/// The live extent pointers of `sources` (newest first) from run key `from` on (the first
+/// extent key when empty), in key order: `scan_max` of them at most, of which those `keep`
+/// accepts are returned. Also returns the key the next slice starts from, or an empty one
+/// once the scan reached the last extent.
+pub(super) async fn extents_slice(
+    sources: &[crate::lsm::merge::Source<'_>],
+    from: &[u8],
+    scan_max: u64,
+    mut keep: impl FnMut(&ExtentPtr) -> bool,
+) -> Result<(Vec<(u64, u64, ExtentPtr)>, Vec<u8>), EngineError> {
     use crate::meta::run_key;
-    let (start, end) = (run_key::extent(0, 0), run_key::extents_end());
+    let first = run_key::extent(0, 0);
+    let start = if from.is_empty() { &first[..] } else { from };
+    let end = run_key::extents_end();
     let mut extents = Vec::new();
+    let mut scanned = 0u64;
+    let mut next = Vec::new();
     let mut malformed = false;
-    crate::lsm::merge::for_each_live_in(sources, &start, Some(&end), |k, v| {
+    crate::lsm::merge::for_each_live_in(sources, start, Some(&end), |k, v| {
+        if scanned == scan_max {
+            next = k.to_vec();
+            return false;
+        }
+        scanned += 1;
         match (run_key::parse_extent(k), run_key::parse_ptr(v)) {
-            (Some((ino, index)), Some(ptr)) => extents.push((ino, index, ptr)),
+            (Some((ino, index)), Some(ptr)) => {
+                if keep(&ptr) {
+                    extents.push((ino, index, ptr));
+                }
+            }
             _ => malformed = true,
         }
         !malformed
@@ -85,7 +111,7 @@ pub(super) async fn all_extents(
             "a metadata run holds a malformed extent pointer".into(),
         ));
     }
-    Ok(extents)
+    Ok((extents, next))
 }
 
 impl Engine {
@@ -104,10 +130,13 @@ impl Engine {
     ///   have been live that long, so they are likely to stay, and zstd stores them in about
     ///   half the bytes.
     ///
-    /// The object table says which objects qualify; finding their extents reads the base's
-    /// extent pointers once (docs/0003 says what that costs at scale). An extent written again
-    /// meanwhile is left alone (the write kills its old frame anyway). Contents never change,
-    /// so the atomic prefix a crash leaves is unaffected.
+    /// The object table says which objects qualify. Their extents are found by a sweep over the
+    /// base's extent pointers, `Tuning::repack_scan_extents_max` of them per checkpoint from
+    /// where the last one stopped, so that a checkpoint's cost and memory stay bounded however
+    /// large the map (docs/0003); an object whose extents lie in several slices dies once the
+    /// sweep has passed them all. An extent written again meanwhile is left alone (the write
+    /// kills its old frame anyway). Contents never change, so the atomic prefix a crash leaves
+    /// is unaffected.
     pub(super) async fn repack(
         &self,
         base: &Arc<Base>,
@@ -144,12 +173,19 @@ impl Engine {
         if sparse_seqs.is_empty() && fragmented_seqs.is_empty() && lz4_seqs.is_empty() {
             return Ok(());
         }
-        let mut extents = all_extents(&base.sources()).await?;
-        extents.retain(|(_, _, p)| {
-            sparse_seqs.contains(&p.seq)
-                || fragmented_seqs.contains(&p.seq)
-                || lz4_seqs.contains(&p.seq)
-        });
+        let from = self.inner.repack_sweep_from.lock().clone();
+        let (mut extents, next) =
+            extents_slice(&base.sources(), &from, t.repack_scan_extents_max, |p| {
+                sparse_seqs.contains(&p.seq)
+                    || fragmented_seqs.contains(&p.seq)
+                    || lz4_seqs.contains(&p.seq)
+            })
+            .await?;
+        *self.inner.repack_sweep_from.lock() = next;
+        self.inner
+            .counters
+            .repack_sweeps_started
+            .fetch_add(u64::from(from.is_empty()), Ordering::Relaxed);
         extents.sort_unstable_by_key(|(_, _, p)| (p.seq, p.offset));
         let of = |seqs: &HashSet<u64>| -> Vec<(u64, u64, ExtentPtr)> {
             extents

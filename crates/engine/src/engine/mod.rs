@@ -125,6 +125,9 @@ struct Inner {
     /// Failed uploads so far, and the last one's error: see `upload_queued`.
     upload_failures: AtomicU64,
     upload_error: Mutex<String>,
+    /// Where repacking's sweep over the extent map goes on (`Engine::repack`); empty: from the
+    /// start. Not kept across restarts: a new process sweeps from the start.
+    repack_sweep_from: Mutex<Vec<u8>>,
     /// Since when uploads fail, while they do; barriers wait this long at most.
     outage: Mutex<outage::Outages>,
     outage_timeout: Duration,

@@ -333,6 +333,7 @@ impl Engine {
                 upload_failing: AtomicBool::new(false),
                 upload_failures: AtomicU64::new(0),
                 upload_error: Mutex::new(String::new()),
+                repack_sweep_from: Mutex::new(Vec::new()),
                 outage: Mutex::new(outage::Outages::default()),
                 outage_timeout: opts.outage_timeout,
                 committed_notify: tokio::sync::Notify::new(),

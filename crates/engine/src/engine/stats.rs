@@ -34,6 +34,9 @@ pub struct EngineStats {
     /// Extents moved out of objects that hold lz4 frames, to be sealed with zstd
     /// (`Engine::repack`).
     pub extents_resealed: u64,
+    /// Sweeps over the extent map begun by repacking (one slice of
+    /// `Tuning::repack_scan_extents_max` pointers per checkpoint that repacks).
+    pub repack_sweeps_started: u64,
     /// Live bytes of the log objects that hold lz4 frames (`ObjectTable::live_bytes_in_lz4_objects`):
     /// what re-sealing has yet to reach, at most.
     pub live_bytes_in_lz4_objects: u64,
@@ -72,6 +75,7 @@ pub(super) struct Counters {
     pub(super) extents_repacked: AtomicU64,
     pub(super) extents_defragmented: AtomicU64,
     pub(super) extents_resealed: AtomicU64,
+    pub(super) repack_sweeps_started: AtomicU64,
     pub(super) barriers_held_for_checkpoint: AtomicU64,
 }
 
@@ -95,6 +99,7 @@ impl Engine {
             extents_repacked: c.extents_repacked.load(Ordering::Relaxed),
             extents_defragmented: c.extents_defragmented.load(Ordering::Relaxed),
             extents_resealed: c.extents_resealed.load(Ordering::Relaxed),
+            repack_sweeps_started: c.repack_sweeps_started.load(Ordering::Relaxed),
             live_bytes_in_lz4_objects: st.committed.live().live_bytes_in_lz4_objects(),
             pending_bytes: st.pending.data_bytes() as u64,
             extents: st.committed.live().extent_count(),
