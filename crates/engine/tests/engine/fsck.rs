@@ -6,8 +6,8 @@ use bucketfs_engine::bucket::PutMode;
 use bucketfs_engine::limits::EXTENT_SIZE_BYTES;
 use bucketfs_engine::{Engine, EngineError, EngineOptions, Fill};
 
-mod common;
-use common::{flush_until_checkpoints, open, pattern, world, World};
+
+use crate::common::{flush_until_checkpoints, open, pattern, world, World};
 
 async fn read_only(w: &World) -> Engine {
     let mut opts = EngineOptions::for_tests("pw");

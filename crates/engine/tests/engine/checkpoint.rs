@@ -4,8 +4,8 @@
 use bucketfs_engine::limits::EXTENT_SIZE_BYTES;
 use bucketfs_engine::{Engine, EngineError, EngineOptions, Fill};
 
-mod common;
-use common::{
+
+use crate::common::{
     crash, flush_until_checkpoints, log_keys, open, pattern, wait_until_deleted, world, World,
 };
 

@@ -9,8 +9,8 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-mod common;
-use common::world;
+
+use crate::common::world;
 
 /// Counts the ranged GETs of run objects (metadata blocks) that reach the bucket.
 struct RunReads {

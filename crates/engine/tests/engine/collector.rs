@@ -3,8 +3,8 @@
 
 use bucketfs_engine::{Engine, EngineOptions, Fill};
 
-mod common;
-use common::{crash, flush_past_a_checkpoint, log_keys, open, pattern, world};
+
+use crate::common::{crash, flush_past_a_checkpoint, log_keys, open, pattern, world};
 
 const EXTENT: u64 = 8192;
 

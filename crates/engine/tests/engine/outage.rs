@@ -6,8 +6,8 @@ use bucketfs_engine::bucket::{Fault, RetryLimits};
 use bucketfs_engine::{Engine, EngineError, EngineOptions, Fill, KvChange, OutageSide};
 use std::time::{Duration, Instant};
 
-mod common;
-use common::{crash, open, pattern, world, World};
+
+use crate::common::{crash, open, pattern, world, World};
 
 async fn open_with_outage_timeout(w: &World, timeout: Duration) -> Engine {
     open_with_limits(w, timeout, RetryLimits::default()).await

@@ -5,8 +5,8 @@
 use bucketfs_engine::bucket::{open_url, SharedBucket};
 use bucketfs_engine::{Engine, EngineOptions, Fill};
 
-mod common;
-use common::flush_past_a_checkpoint;
+
+use crate::common::flush_past_a_checkpoint;
 
 fn bucket(dir: &std::path::Path) -> SharedBucket {
     open_url(&format!("file://{}", dir.display()), &Vec::new()).unwrap()
