@@ -125,7 +125,7 @@ check_refusals() {
     ((rc != 0 && rc != 124)) || die "qemu-io without TLS was served: $out"
 
     # GnuTLS clients (libnbd, qemu) send no certificate whose issuer is not among the CAs the
-    # server asks for, so the server sees none; crates/nbd/tests/tls.rs checks the refusal of
+    # server asks for, so the server sees none; crates/nbd/tests/nbd/tls.rs checks the refusal of
     # one that is presented anyway.
     log "a client certificate of another CA is refused"
     rc=0

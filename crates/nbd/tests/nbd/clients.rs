@@ -1,9 +1,9 @@
 //! The server driven by real third-party NBD clients: nbdinfo, nbdsh, nbdcopy (libnbd) and
 //! qemu-io (qemu). Each test starts its own server on 127.0.0.1:0 over the in-memory fixture.
 
-mod common;
 
-use common::{fixture, have_tool, start_tcp, ScratchDir, DISK_BYTES, FAILING_OFFSET, SMALL_BYTES};
+
+use crate::common::{fixture, have_tool, start_tcp, ScratchDir, DISK_BYTES, FAILING_OFFSET, SMALL_BYTES};
 use serde_json::Value;
 use std::process::{Command, Output, Stdio};
 use std::sync::atomic::Ordering;
@@ -414,7 +414,7 @@ fn nbdinfo_over_a_unix_socket() {
     let scratch = ScratchDir::new("unix");
     let socket = scratch.0.join("nbd.sock");
     let f = fixture();
-    let _server = common::start_unix(f.exports, &socket);
+    let _server = crate::common::start_unix(f.exports, &socket);
     let uri = format!("nbd+unix:///ro?socket={}", socket.display());
     let info = json(&run_ok(Command::new("nbdinfo").args(["--json", &uri])));
     assert_eq!(info["exports"][0]["export-size"], SMALL_BYTES);

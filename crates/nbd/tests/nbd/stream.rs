@@ -1,13 +1,13 @@
 //! `serve_connection` over an in-process byte stream instead of a socket: the mode a fuzzer or
 //! a stdin/stdout harness uses.
 
-mod common;
+
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[tokio::test]
 async fn serve_connection_runs_over_any_byte_stream() {
-    let f = common::fixture();
+    let f = crate::common::fixture();
     let (mut client, server_side) = tokio::io::duplex(64 * 1024);
     let server = tokio::spawn(bucketfs_nbd::serve_connection(
         server_side,
@@ -27,7 +27,7 @@ async fn serve_connection_runs_over_any_byte_stream() {
     option.extend_from_slice(&2u32.to_be_bytes());
     option.extend_from_slice(b"ro");
     client.write_all(&option).await.expect("export name");
-    assert_eq!(client.read_u64().await.expect("size"), common::SMALL_BYTES);
+    assert_eq!(client.read_u64().await.expect("size"), crate::common::SMALL_BYTES);
     client.read_u16().await.expect("flags");
 
     // READ 3 bytes at offset 5, then DISC.
