@@ -192,26 +192,32 @@ impl Engine {
                 .filter(|(s, _)| !pins.holds_object(*s))
                 .partition(|(s, _)| st.committed.live().live_bytes(*s) == 0)
         };
-        let deleted: Vec<u64> = futures::stream::iter(dead)
-            .map(|(s, _)| async move {
+        // What is stored falls as each deletion is acknowledged, so that `bucketfs status`
+        // agrees with the bucket while a long collection is under way (the upload lock taken
+        // below may wait for uploads in flight).
+        let deleted: Vec<Result<u64, StoreError>> = futures::stream::iter(dead)
+            .map(|(s, bytes)| async move {
                 self.inner
                     .bucket
                     .delete(&logobj::log_key(s), DeleteMode::Garbage)
-                    .await
-                    .map(|()| s)
+                    .await?;
+                self.inner
+                    .log_bytes_stored
+                    .fetch_sub(bytes, Ordering::Relaxed);
+                Ok::<u64, StoreError>(s)
             })
             .buffer_unordered(DELETE_CONCURRENCY)
-            .try_collect()
-            .await?;
+            .collect::<Vec<_>>()
+            .await;
+        // Every deletion that was acknowledged is forgotten, even when another one failed:
+        // its bytes are already off `log_bytes_stored`.
+        let (deleted, failed): (Vec<_>, Vec<_>) = deleted.into_iter().partition(Result::is_ok);
+        let deleted: Vec<u64> = deleted.into_iter().flatten().collect();
         {
             // Not held any longer: the repack below flushes, and committing needs it.
             let mut ctl = self.inner.upload.lock().await;
             for s in &deleted {
-                if let Some(bytes) = ctl.known_logs.remove(s) {
-                    self.inner
-                        .log_bytes_stored
-                        .fetch_sub(bytes, Ordering::Relaxed);
-                }
+                ctl.known_logs.remove(s);
                 if let Some(c) = &self.inner.disk_cache {
                     c.drop_object(Space::Log, *s);
                 }
@@ -221,6 +227,9 @@ impl Engine {
             .counters
             .log_objects_deleted
             .fetch_add(deleted.len() as u64, Ordering::Relaxed);
+        if let Some(Err(e)) = failed.into_iter().next() {
+            return Err(e.into());
+        }
         Ok(live)
     }
 

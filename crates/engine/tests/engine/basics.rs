@@ -5,7 +5,6 @@ use bucketfs_engine::limits::EXTENT_SIZE_BYTES;
 use bucketfs_engine::{Engine, EngineError, EngineOptions, Fill, KeyError, KvChange, Tuning};
 use proptest::prelude::*;
 
-
 use crate::common::{
     crash, flush_past_a_checkpoint, flush_until_checkpoints, log_keys, open, pattern,
     wait_until_deleted, world, World,

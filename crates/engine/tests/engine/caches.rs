@@ -9,7 +9,6 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-
 use crate::common::world;
 
 /// Counts the ranged GETs of run objects (metadata blocks) that reach the bucket.

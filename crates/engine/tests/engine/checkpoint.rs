@@ -4,7 +4,6 @@
 use bucketfs_engine::limits::EXTENT_SIZE_BYTES;
 use bucketfs_engine::{Engine, EngineError, EngineOptions, Fill};
 
-
 use crate::common::{
     crash, flush_until_checkpoints, log_keys, open, pattern, wait_until_deleted, world, World,
 };

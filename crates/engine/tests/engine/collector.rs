@@ -3,7 +3,6 @@
 
 use bucketfs_engine::{Engine, EngineOptions, Fill};
 
-
 use crate::common::{crash, flush_past_a_checkpoint, log_keys, open, pattern, world};
 
 const EXTENT: u64 = 8192;

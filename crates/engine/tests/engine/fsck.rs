@@ -6,7 +6,6 @@ use bucketfs_engine::bucket::PutMode;
 use bucketfs_engine::limits::EXTENT_SIZE_BYTES;
 use bucketfs_engine::{Engine, EngineError, EngineOptions, Fill};
 
-
 use crate::common::{flush_until_checkpoints, open, pattern, world, World};
 
 async fn read_only(w: &World) -> Engine {

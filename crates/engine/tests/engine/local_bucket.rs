@@ -5,7 +5,6 @@
 use bucketfs_engine::bucket::{open_url, SharedBucket};
 use bucketfs_engine::{Engine, EngineOptions, Fill};
 
-
 use crate::common::flush_past_a_checkpoint;
 
 fn bucket(dir: &std::path::Path) -> SharedBucket {

@@ -6,7 +6,6 @@ use bucketfs_engine::bucket::{Fault, RetryLimits};
 use bucketfs_engine::{Engine, EngineError, EngineOptions, Fill, KvChange, OutageSide};
 use std::time::{Duration, Instant};
 
-
 use crate::common::{crash, open, pattern, world, World};
 
 async fn open_with_outage_timeout(w: &World, timeout: Duration) -> Engine {

@@ -4,8 +4,9 @@
 use bucketfs_engine::limits::EXTENT_SIZE_BYTES;
 use bucketfs_engine::{EngineError, Expect, Fill, KvChange, Txn};
 
-
-use crate::common::{crash, flush_until_checkpoints, log_keys, open, pattern, wait_until_deleted, world};
+use crate::common::{
+    crash, flush_until_checkpoints, log_keys, open, pattern, wait_until_deleted, world,
+};
 
 const EXTENT: u64 = EXTENT_SIZE_BYTES as u64;
 

@@ -1,9 +1,9 @@
 //! The server driven by real third-party NBD clients: nbdinfo, nbdsh, nbdcopy (libnbd) and
 //! qemu-io (qemu). Each test starts its own server on 127.0.0.1:0 over the in-memory fixture.
 
-
-
-use crate::common::{fixture, have_tool, start_tcp, ScratchDir, DISK_BYTES, FAILING_OFFSET, SMALL_BYTES};
+use crate::common::{
+    fixture, have_tool, start_tcp, ScratchDir, DISK_BYTES, FAILING_OFFSET, SMALL_BYTES,
+};
 use serde_json::Value;
 use std::process::{Command, Output, Stdio};
 use std::sync::atomic::Ordering;

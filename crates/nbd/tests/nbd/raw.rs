@@ -3,8 +3,6 @@
 //! and many requests in flight at once. Wire values are written out here independently of the
 //! crate's own encoder, so a mistake there cannot hide in both.
 
-
-
 use crate::common::{
     fixture, ro_pattern, start_tcp, Fixture, TestServer, DISK_BYTES, FAILING_OFFSET, SLOW_OFFSET,
     SMALL_BYTES,

@@ -1,8 +1,6 @@
 //! `serve_connection` over an in-process byte stream instead of a socket: the mode a fuzzer or
 //! a stdin/stdout harness uses.
 
-
-
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[tokio::test]
@@ -27,7 +25,10 @@ async fn serve_connection_runs_over_any_byte_stream() {
     option.extend_from_slice(&2u32.to_be_bytes());
     option.extend_from_slice(b"ro");
     client.write_all(&option).await.expect("export name");
-    assert_eq!(client.read_u64().await.expect("size"), crate::common::SMALL_BYTES);
+    assert_eq!(
+        client.read_u64().await.expect("size"),
+        crate::common::SMALL_BYTES
+    );
     client.read_u16().await.expect("flags");
 
     // READ 3 bytes at offset 5, then DISC.

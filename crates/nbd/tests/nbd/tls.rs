@@ -3,10 +3,8 @@
 //! certificates are verified, and that an allow-list hides exports. The certificates are in
 //! tests/certs (written by tests/certs/make.sh).
 
-
-
-use bucketfs_nbd::{tls_server_config, Access, NbdError, Policy, Tls};
 use crate::common::{fixture, ro_pattern, Fixture};
+use bucketfs_nbd::{tls_server_config, Access, NbdError, Policy, Tls};
 use std::collections::HashMap;
 use std::sync::Arc;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream};
