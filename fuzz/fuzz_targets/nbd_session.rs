@@ -7,7 +7,7 @@ use libfuzzer_sys::fuzz_target;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[allow(dead_code)]
-#[path = "../../crates/nbd/tests/common/mod.rs"]
+#[path = "../../crates/nbd/tests/nbd/common.rs"]
 mod common;
 
 /// One set of exports for every run: allocating them (18 MiB) per input would dominate.
