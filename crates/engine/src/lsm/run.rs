@@ -171,7 +171,19 @@ fn open_compressed(
     let body = sealer.open(aad, sealed).map_err(|_| unauthentic)?;
     match body.split_first() {
         Some((&CODEC_ZSTD, compressed)) => {
-            zstd::bulk::decompress(compressed, max).map_err(|_| fail("does not decompress"))
+            // The buffer is the size the frame declares (runs are written with it), not `max`:
+            // an index's bound is 256 MiB, allocated for every run opened.
+            let size = match zstd::zstd_safe::get_frame_content_size(compressed) {
+                Ok(Some(size)) if size <= max as u64 => size as usize,
+                Ok(Some(_)) => return Err(fail("decompresses to more than its bound")),
+                _ => return Err(fail("does not decompress")),
+            };
+            let plain = zstd::bulk::decompress(compressed, size)
+                .map_err(|_| fail("does not decompress"))?;
+            if plain.len() != size {
+                return Err(fail("decompresses to less than it declares"));
+            }
+            Ok(plain)
         }
         _ => Err(fail("unknown codec")),
     }
