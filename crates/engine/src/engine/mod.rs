@@ -129,7 +129,7 @@ struct Inner {
     /// start. Not kept across restarts: a new process sweeps from the start.
     repack_sweep_from: Mutex<Vec<u8>>,
     /// Since when uploads fail, while they do; barriers wait this long at most.
-    outage: Mutex<outage::Outages>,
+    outage: Arc<Mutex<outage::Outages>>,
     outage_timeout: Duration,
     /// Wakes writers waiting for room when an upload commits.
     committed_notify: tokio::sync::Notify,

@@ -6,7 +6,9 @@
 //! unflushed bound, then wait with the barriers. docs/0004 has the contract.
 
 use super::*;
+use crate::bucket::{Bucket, ObjectInfo};
 use std::future::Future;
+use std::ops::Range;
 
 /// The first wait between retries during an outage, doubled each time up to
 /// OUTAGE_RETRY_WAIT_MAX_MS: a short brownout ends quickly, a long one costs few requests.
@@ -22,6 +24,69 @@ pub enum OutageSide {
     Uploads,
     /// Reads of extents and metadata that are not cached.
     Reads,
+}
+
+/// The engine's bucket, watched: any read the store answers ends an outage of reads, any
+/// write it stores ends an outage of uploads. A read that gave up past the timeout must not
+/// leave the outage reported after the store is back, and a read served from a cache says
+/// nothing about the store, so the requests themselves are what ends an outage.
+pub(super) struct StoreWatch {
+    inner: SharedBucket,
+    outages: Arc<Mutex<Outages>>,
+}
+
+impl StoreWatch {
+    pub(super) fn new(inner: SharedBucket, outages: Arc<Mutex<Outages>>) -> StoreWatch {
+        StoreWatch { inner, outages }
+    }
+
+    fn answered<T>(&self, side: OutageSide, result: &Result<T, StoreError>) {
+        // NotFound and AlreadyExists are answers too: the store is there.
+        if matches!(result, Err(StoreError::Transient(_))) {
+            return;
+        }
+        let mut outages = self.outages.lock();
+        if let Some(o) = outages.side(side).take() {
+            tracing::warn!(
+                ?side,
+                seconds = o.since.elapsed().as_secs_f64(),
+                "the object store answers again"
+            );
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Bucket for StoreWatch {
+    async fn put(&self, key: &str, data: Bytes, mode: PutMode) -> Result<(), StoreError> {
+        let r = self.inner.put(key, data, mode).await;
+        self.answered(OutageSide::Uploads, &r);
+        r
+    }
+    async fn get(&self, key: &str) -> Result<Bytes, StoreError> {
+        let r = self.inner.get(key).await;
+        self.answered(OutageSide::Reads, &r);
+        r
+    }
+    async fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes, StoreError> {
+        let r = self.inner.get_range(key, range).await;
+        self.answered(OutageSide::Reads, &r);
+        r
+    }
+    async fn delete(&self, key: &str, mode: DeleteMode) -> Result<(), StoreError> {
+        self.inner.delete(key, mode).await
+    }
+    async fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, StoreError> {
+        let r = self.inner.list(prefix).await;
+        self.answered(OutageSide::Reads, &r);
+        r
+    }
+    async fn begin_writing(&self) -> Result<(), StoreError> {
+        self.inner.begin_writing().await
+    }
+    async fn end_writing(&self) -> Result<(), StoreError> {
+        self.inner.end_writing().await
+    }
 }
 
 /// An outage under way: since when requests of one side fail, and the last error.
@@ -124,14 +189,8 @@ impl Engine {
                         None => return Err(EngineError::Store(StoreError::Transient(why))),
                     }
                 }
-                other => {
-                    // Only a request that failed and then got through has reached the store;
-                    // one served from a cache says nothing about it.
-                    if retries > 0 && other.is_ok() {
-                        self.outage_over(OutageSide::Reads);
-                    }
-                    return other;
-                }
+                // The outage, if any, ended when the store answered (`StoreWatch`).
+                other => return other,
             }
         }
     }

@@ -135,6 +135,8 @@ impl Engine {
         lock_holder: Option<Arc<Lease>>,
         format_version: u32,
     ) -> Result<Engine, EngineError> {
+        let outages = Arc::new(Mutex::new(outage::Outages::default()));
+        let bucket: SharedBucket = Arc::new(outage::StoreWatch::new(bucket, outages.clone()));
         let block_cache = BlockCache::new(opts.metadata_cache_bytes_max);
         let disk_cache = match &opts.disk_cache_dir {
             Some(dir) if opts.disk_cache_bytes_max > 0 => {
@@ -334,7 +336,7 @@ impl Engine {
                 upload_failures: AtomicU64::new(0),
                 upload_error: Mutex::new(String::new()),
                 repack_sweep_from: Mutex::new(Vec::new()),
-                outage: Mutex::new(outage::Outages::default()),
+                outage: outages,
                 outage_timeout: opts.outage_timeout,
                 committed_notify: tokio::sync::Notify::new(),
                 stored_notify: tokio::sync::Notify::new(),

@@ -209,7 +209,11 @@ async fn a_cold_read_waits_through_an_outage_and_fails_past_the_timeout() {
         took >= Duration::from_secs(2) && took < Duration::from_secs(5),
         "the read failed after {took:?}"
     );
+    assert!(e.store_outage().is_some());
     w.faults.set(Fault::None);
     assert_eq!(e.read(1, 0, 40_000).await.unwrap(), pattern(4, 40_000));
     assert_eq!(e.kv_get(b"k").await.unwrap().as_deref(), Some(&b"v"[..]));
+    // The read that gave up is not retried, but the store answered the next one: the outage
+    // is over.
+    assert_eq!(e.store_outage(), None);
 }
