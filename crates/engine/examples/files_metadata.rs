@@ -3,7 +3,17 @@
 //! directory), without the filesystem of issue 35 around it.
 //!
 //!   files_metadata fill DIR N    commits N files in transactions of 1,000, then closes
-//!   files_metadata open DIR      opens the bucket, then times lookups and directory pages
+//!   files_metadata open DIR N    opens the bucket, then times lookups and directory pages
+//!   files_metadata fill-extents DIR N
+//!                                commits N pairs shaped as extent pointers (a 17-byte key of
+//!                                inode and index, a 16-byte value): a device of N x 8 KiB
+//!                                whose pointers carry no data
+//!   files_metadata overwrite DIR files|extents N COUNT
+//!                                overwrites COUNT random ones of those N, then closes: the
+//!                                checkpoint bytes this uploads (merges included) against the
+//!                                encoded size of the entries it changed
+//!   files_metadata open-extents DIR N
+//!                                opens the bucket, then times random lookups
 //!
 //! Each prints one JSON line with its timings and the process's peak RSS (VmHWM).
 
@@ -62,6 +72,143 @@ fn options() -> EngineOptions {
     opts.tuning.log_objects_per_checkpoint_min = 8;
     opts.tuning.log_objects_per_checkpoint_max = 8;
     opts
+}
+
+/// Extent-shaped pairs: 131,072 per inode (a 1 GiB file of 8 KiB extents).
+fn extent_key(i: u64) -> Vec<u8> {
+    let mut k = b"x".to_vec();
+    k.extend_from_slice(&(1 + i / 131_072).to_be_bytes());
+    k.extend_from_slice(&(i % 131_072).to_be_bytes());
+    k
+}
+
+/// A pointer's 16 bytes: log object, offset, length; `round` changes it on overwrites.
+fn extent_value(i: u64, round: u64) -> Vec<u8> {
+    let mut v = (1000 * round + i / 1000).to_le_bytes().to_vec();
+    v.extend_from_slice(&((i % 1000) as u32 * 8200).to_le_bytes());
+    v.extend_from_slice(&(4000u32 + (i % 97) as u32).to_le_bytes());
+    v
+}
+
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+fn writer(dir: &str) -> bucketfs_engine::bucket::SharedBucket {
+    open_url(&format!("file://{dir}"), &Vec::new()).expect("a directory bucket")
+}
+
+/// Commits `n` pairs of `pair(i)`, 1,000 per transaction, a flush every 10,000.
+async fn commit_all(e: &Engine, n: u64, mut pair: impl FnMut(u64) -> (Vec<u8>, Vec<u8>)) {
+    let mut at = 0;
+    while at < n {
+        let end = (at + FILES_PER_COMMIT).min(n);
+        let changes = (at..end)
+            .map(|i| {
+                let (k, v) = pair(i);
+                KvChange::Put(k, v)
+            })
+            .collect();
+        e.kv_commit(changes).expect("commit");
+        at = end;
+        if at % FILES_PER_FLUSH == 0 || at == n {
+            e.flush().await.expect("flush");
+        }
+    }
+}
+
+async fn fill_extents(dir: &str, n: u64) {
+    let started = Instant::now();
+    let e = Engine::open(writer(dir), options()).await.expect("open");
+    commit_all(&e, n, |i| (extent_key(i), extent_value(i, 0))).await;
+    e.close().await.expect("close");
+    let s = e.stats();
+    println!(
+        "{{\"phase\":\"fill-extents\",\"extents\":{n},\"seconds\":{:.1},\"checkpoints\":{},\"checkpoint_bytes\":{},\"peak_rss_mib\":{}}}",
+        started.elapsed().as_secs_f64(),
+        s.checkpoints_written,
+        s.checkpoint_bytes_written,
+        peak_rss_mib()
+    );
+}
+
+async fn overwrite(dir: &str, kind: &str, n: u64, count: u64) {
+    let started = Instant::now();
+    let e = Engine::open(writer(dir), options()).await.expect("open");
+    let before = e.stats();
+    let mut rng = Rng(0x2545f4914f6cdd1d);
+    let mut changed = std::collections::HashSet::new();
+    let mut encoded = 0u64;
+    commit_all(&e, count, |_| {
+        let i = rng.below(n);
+        let (k, v) = match kind {
+            "files" => {
+                let (ino, _, _) = file_of(i);
+                let mut v = inode_value(ino);
+                v[1] ^= 1;
+                (inode_key(ino), v)
+            }
+            _ => (extent_key(i), extent_value(i, 1)),
+        };
+        // A run entry: key length u16, key, kind, value length u32, value.
+        if changed.insert(i) {
+            encoded += (2 + k.len() + 1 + 4 + v.len()) as u64;
+        }
+        (k, v)
+    })
+    .await;
+    e.close().await.expect("close");
+    let s = e.stats();
+    let uploaded = s.checkpoint_bytes_written - before.checkpoint_bytes_written;
+    println!(
+        "{{\"phase\":\"overwrite\",\"kind\":\"{kind}\",\"entries\":{n},\"overwrites\":{count},\"changed\":{},\"changed_encoded_bytes\":{encoded},\"checkpoint_bytes\":{uploaded},\"ratio\":{:.2},\"checkpoints\":{},\"bottom_parts_merged\":{},\"bottom_sweeps_finished\":{},\"delta_runs_merged\":{},\"seconds\":{:.1},\"peak_rss_mib\":{}}}",
+        changed.len(),
+        uploaded as f64 / encoded.max(1) as f64,
+        s.checkpoints_written - before.checkpoints_written,
+        s.bottom_parts_merged,
+        s.bottom_sweeps_finished,
+        s.delta_runs_merged,
+        started.elapsed().as_secs_f64(),
+        peak_rss_mib()
+    );
+}
+
+async fn open_extents(dir: &str, n: u64) {
+    let mut opts = options();
+    opts.read_only = true;
+    let started = Instant::now();
+    let e = Engine::open(writer(dir), opts).await.expect("open");
+    let open_s = started.elapsed().as_secs_f64();
+    let first = Instant::now();
+    let i = n / 3;
+    assert!(e.kv_get(&extent_key(i)).await.expect("lookup").is_some());
+    let first_ms = first.elapsed().as_secs_f64() * 1000.0;
+    let rss_open = peak_rss_mib();
+    let mut rng = Rng(0x9e3779b97f4a7c15);
+    let lookups = 2000;
+    let started = Instant::now();
+    for _ in 0..lookups {
+        let i = rng.below(n);
+        assert!(
+            e.kv_get(&extent_key(i)).await.expect("lookup").is_some(),
+            "extent {i}"
+        );
+    }
+    let lookup_us = started.elapsed().as_micros() as f64 / f64::from(lookups);
+    let s = e.stats();
+    println!(
+        "{{\"phase\":\"open-extents\",\"extents\":{n},\"open_s\":{open_s:.2},\"first_lookup_ms\":{first_ms:.1},\"rss_open_mib\":{rss_open},\"lookup_us\":{lookup_us:.0},\"metadata_runs\":{},\"metadata_delta_runs\":{},\"peak_rss_mib\":{}}}",
+        s.metadata_runs,
+        s.metadata_delta_runs,
+        peak_rss_mib()
+    );
 }
 
 fn file_of(i: u64) -> (u64, u64, String) {
@@ -164,8 +311,25 @@ async fn main() {
     match args.get(1..).unwrap_or_default() {
         [phase, dir, n] if phase == "fill" => fill(dir, n.parse().expect("a file count")).await,
         [phase, dir, n] if phase == "open" => open(dir, n.parse().expect("a file count")).await,
+        [phase, dir, n] if phase == "fill-extents" => {
+            fill_extents(dir, n.parse().expect("a count")).await
+        }
+        [phase, dir, n] if phase == "open-extents" => {
+            open_extents(dir, n.parse().expect("a count")).await
+        }
+        [phase, dir, kind, n, count]
+            if phase == "overwrite" && (kind == "files" || kind == "extents") =>
+        {
+            overwrite(
+                dir,
+                kind,
+                n.parse().expect("a count"),
+                count.parse().expect("a count"),
+            )
+            .await
+        }
         _ => {
-            eprintln!("usage: files_metadata fill|open DIR FILES");
+            eprintln!("usage: files_metadata fill|open DIR FILES | fill-extents|open-extents DIR N | overwrite DIR files|extents N COUNT");
             std::process::exit(2);
         }
     }

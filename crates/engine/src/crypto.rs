@@ -13,13 +13,15 @@ use serde::{Deserialize, Serialize};
 
 pub const NONCE_BYTES: usize = 24;
 pub const TAG_BYTES: usize = 16;
-/// The bucket format this build writes (docs/format.md): 4 keeps the object table (live bytes
+/// The bucket format this build writes (docs/format.md): 5 records a sweep of the bottom run
+/// under way in the manifest, and writes bottom parts of one id across checkpoints; 4 keeps the
+/// object table (live bytes
 /// per log object) in each manifest, so that open reads no run whole; 3 adds range deletions to
 /// the log; 2 keeps metadata in sorted runs named by manifests; 1 kept it in whole-map
-/// checkpoints. A bucket of format 2 or 3 is migrated when a writer opens it, before anything
+/// checkpoints. A bucket of format 2 to 4 is migrated when a writer opens it, before anything
 /// is written, so that an older build refuses it rather than misreading it; a format-1 bucket
 /// by its first checkpoint.
-pub const FORMAT_VERSION: u32 = 4;
+pub const FORMAT_VERSION: u32 = 5;
 /// The oldest bucket format this build opens.
 pub const FORMAT_VERSION_OLDEST: u32 = 1;
 const WRAP_AAD: &[u8] = b"bucketfs data key v1";

@@ -63,6 +63,11 @@ pub const RUNS_PER_MANIFEST_MAX: usize = 64;
 /// Run blocks a checkpoint reads at once when it looks up the pointers an interval replaced:
 /// one at a time, a remote bucket's round trip per block made the lookups take seconds.
 pub const RUN_PREFETCH_CONCURRENCY: usize = 16;
+/// Most extent pointers fsck holds at once (about 32 bytes each): it checks the log objects in
+/// ranges whose live extents add up to this, one pass over the extent map per range.
+pub const FSCK_EXTENTS_PER_PASS: u64 = 4 << 20;
+/// Run parts opened at once (a tail and an index read each) when a manifest is loaded.
+pub const RUN_OPEN_CONCURRENCY: usize = 16;
 /// Replaced pointers looked up per round of prefetching: their blocks fit the block cache.
 pub const RUN_PREFETCH_KEYS: usize = 4096;
 

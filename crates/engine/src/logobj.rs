@@ -232,6 +232,9 @@ pub fn fuzz_manifest(sealer: &Sealer, seq: u64, plain: &[u8], version_2: bool) -
 pub struct Manifest {
     pub runs: Vec<RunInfo>,
     pub objects: Option<ObjectTable>,
+    /// The sweep of the bottom run under way (format 5): the checkpoint that began it and the
+    /// next key to merge, so that a restart goes on with it.
+    pub sweep: Option<(u64, Vec<u8>)>,
 }
 
 /// Most bytes a manifest's plaintext may take once decompressed: the run list and an object
@@ -243,6 +246,7 @@ pub fn encode_manifest(
     seq: u64,
     runs: &[RunInfo],
     objects: &ObjectTable,
+    sweep: Option<(u64, &[u8])>,
 ) -> Vec<u8> {
     let mut plain = Vec::with_capacity(4 + runs.len() * 20);
     plain.extend_from_slice(&(runs.len() as u32).to_le_bytes());
@@ -252,6 +256,11 @@ pub fn encode_manifest(
         plain.extend_from_slice(&r.size_bytes.to_le_bytes());
     }
     objects.encode(&mut plain);
+    if let Some((first_seq, from)) = sweep {
+        plain.extend_from_slice(&first_seq.to_le_bytes());
+        plain.extend_from_slice(&(from.len() as u32).to_le_bytes());
+        plain.extend_from_slice(from);
+    }
     let compressed = zstd::bulk::compress(&plain, 3).expect("zstd compresses any input");
     let mut buf = Vec::with_capacity(24 + Sealer::sealed_len(compressed.len()));
     buf.extend_from_slice(MANIFEST_MAGIC_2);
@@ -342,13 +351,39 @@ pub fn decode_manifest(
     {
         return Err(bad());
     }
-    let objects = if &buf[..8] == MANIFEST_MAGIC {
+    let (objects, sweep) = if &buf[..8] == MANIFEST_MAGIC {
         if runs_end != plain.len() {
             return Err(bad());
         }
-        None
+        (None, None)
     } else {
-        Some(ObjectTable::decode(&plain[runs_end..]).map_err(|_| bad())?)
+        // The object table (a count, then fixed-size entries), then the sweep if one is under way.
+        let rest = &plain[runs_end..];
+        let table_end = rest
+            .get(..8)
+            .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+            .and_then(|n| n.checked_mul(crate::meta::OBJECT_BYTES as u64))
+            .and_then(|n| n.checked_add(8))
+            .filter(|&n| n <= rest.len() as u64)
+            .ok_or_else(bad)? as usize;
+        let table = ObjectTable::decode(&rest[..table_end]).map_err(|_| bad())?;
+        let sweep = match &rest[table_end..] {
+            [] => None,
+            t if t.len() >= 12 => {
+                let first_seq = u64::from_le_bytes(t[..8].try_into().expect("8 bytes"));
+                let len = u32::from_le_bytes(t[8..12].try_into().expect("4 bytes")) as usize;
+                if t.len() != 12 + len || first_seq > seq {
+                    return Err(bad());
+                }
+                Some((first_seq, t[12..].to_vec()))
+            }
+            _ => return Err(bad()),
+        };
+        (Some(table), sweep)
     };
-    Ok(Manifest { runs, objects })
+    Ok(Manifest {
+        runs,
+        objects,
+        sweep,
+    })
 }

@@ -78,6 +78,14 @@ pub struct Tuning {
     /// A merge of the metadata runs is cut into parts of about this many bytes of entries: what
     /// a merge holds in memory at once, and what one part's upload carries.
     pub run_part_bytes: u64,
+    /// Bytes of the bottom run's parts one checkpoint merges with the deltas while a sweep is
+    /// under way (engine/compaction.rs): what bounds a checkpoint's merge, whatever the bucket.
+    pub run_merge_bytes_per_checkpoint: u64,
+    /// Delta runs merged into one once together they outweigh the next older one (size tiers).
+    pub delta_runs_per_merge: u64,
+    /// A sweep of the bottom run begins once the deltas weigh this percent of it: lower means
+    /// fewer runs for a lookup to ask and more bytes rewritten.
+    pub sweep_after_delta_percent: u64,
 }
 
 impl Default for Tuning {
@@ -106,6 +114,9 @@ impl Default for Tuning {
             repack_extents_per_object: 112,
             read_coalesce_gap_bytes: 64 * 1024,
             run_part_bytes: 64 << 20,
+            run_merge_bytes_per_checkpoint: 256 << 20,
+            delta_runs_per_merge: 4,
+            sweep_after_delta_percent: 100,
         }
     }
 }
@@ -143,6 +154,12 @@ impl Tuning {
             ("repack_extents_per_object", self.repack_extents_per_object),
             ("parallel_seal_extents_min", self.parallel_seal_extents_min),
             ("run_part_bytes", self.run_part_bytes),
+            (
+                "run_merge_bytes_per_checkpoint",
+                self.run_merge_bytes_per_checkpoint,
+            ),
+            ("delta_runs_per_merge", self.delta_runs_per_merge),
+            ("sweep_after_delta_percent", self.sweep_after_delta_percent),
             (
                 "barrier_gap_counted_max_us",
                 self.barrier_gap_counted_max_us,

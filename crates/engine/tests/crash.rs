@@ -98,6 +98,16 @@ fn crash_tuning(rng: &mut Rng) -> Tuning {
         parallel_seal_extents_min: 2,
         dirty_bytes_flush_start: 48 * 1024,
         write_behind_gathered_bytes: 16 * 1024,
+        // Half the seeds cut runs into small parts and sweep the bottom a few parts per
+        // checkpoint, so crashes land between the steps of a sweep and in tiered merges.
+        run_part_bytes: if rng.chance(50) {
+            512 + 512 * rng.below(4)
+        } else {
+            64 << 20
+        },
+        run_merge_bytes_per_checkpoint: 256 + 256 * rng.below(8),
+        sweep_after_delta_percent: 10 + 10 * rng.below(10),
+        delta_runs_per_merge: 2 + rng.below(3),
         ..Tuning::default()
     }
 }
@@ -134,6 +144,10 @@ struct Tally {
     checkpoints: u64,
     log_objects_deleted: u64,
     extents_moved: u64,
+    /// Compaction: bottom parts merged by sweeps, sweeps finished, deltas merged in tiers.
+    bottom_parts_merged: u64,
+    bottom_sweeps_finished: u64,
+    delta_runs_merged: u64,
 }
 
 /// What a seed's bucket may hold: `history[acked]` is the newest state a barrier acknowledged,
@@ -432,6 +446,9 @@ async fn live(
     tally.log_objects_deleted += stats.log_objects_deleted;
     tally.extents_moved +=
         stats.extents_repacked + stats.extents_defragmented + stats.extents_resealed;
+    tally.bottom_parts_merged += stats.bottom_parts_merged;
+    tally.bottom_sweeps_finished += stats.bottom_sweeps_finished;
+    tally.delta_runs_merged += stats.delta_runs_merged;
     // Killed here if not frozen yet: whatever was in flight may still land.
     view.freeze();
     Ok(())

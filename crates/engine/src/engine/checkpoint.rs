@@ -233,11 +233,9 @@ impl Engine {
         Ok(live)
     }
 
-    /// Writes the checkpoint of `frozen`: a run of its changes and a manifest naming it after
-    /// the base's runs, or, when those runs would outgrow the bottom one (or number
-    /// `RUNS_PER_MANIFEST_MAX`), one run merging them all (so the runs hold at most about
-    /// twice the live metadata, and uploads stay proportional to the change). The manifest
-    /// carries the object table as of `frozen`'s log object. Returns the new base, installed.
+    /// Writes the checkpoint of `frozen`: its runs (engine/compaction.rs decides which) and a
+    /// manifest naming them with the object table as of `frozen`'s log object. Returns the new
+    /// base, installed.
     pub(super) async fn write_checkpoint(
         &self,
         frozen: &Arc<Frozen>,
@@ -252,31 +250,28 @@ impl Engine {
             }
         };
         let objects = crate::meta::table_after(&base, frozen, &debits);
-        let (infos, runs, run_bytes, whole) = if frozen.mem.is_empty() {
-            (base.infos.clone(), base.runs.clone(), 0, false)
+        let layout = if frozen.mem.is_empty() {
+            None
         } else {
-            match self.encode_delta(frozen, &base).await {
-                Some(object) => {
-                    let info = RunInfo {
-                        id: seq,
-                        part: 0,
-                        size_bytes: object.len() as u64,
-                    };
-                    let reader = self.store_run(info, object).await?;
-                    let mut infos = base.infos.clone();
-                    infos.push(info);
-                    let mut runs = base.runs.clone();
-                    runs.insert(0, Arc::new(reader));
-                    (infos, runs, info.size_bytes, false)
-                }
-                None => {
-                    let (infos, runs) = self.merge_runs(frozen, &base).await?;
-                    let bytes = infos.iter().map(|r| r.size_bytes).sum();
-                    (infos, runs, bytes, true)
-                }
-            }
+            Some(self.write_runs(frozen, &base).await?)
         };
-        let manifest = logobj::encode_manifest(&self.inner.sealer, seq, &infos, &objects);
+        let (infos, runs, run_bytes, whole, sweep) = match layout {
+            None => (
+                base.infos.clone(),
+                base.runs.clone(),
+                0,
+                false,
+                base.sweep.clone(),
+            ),
+            Some(l) => (l.infos, l.runs, l.bytes_written, l.merged, l.sweep),
+        };
+        let manifest = logobj::encode_manifest(
+            &self.inner.sealer,
+            seq,
+            &infos,
+            &objects,
+            sweep.as_ref().map(|s| (s.first_seq, s.from.as_slice())),
+        );
         let manifest_bytes = manifest.len() as u64;
         let key = logobj::manifest_key(seq);
         let manifest = Bytes::from(manifest);
@@ -301,6 +296,7 @@ impl Engine {
             infos: infos.clone(),
             objects,
             manifest_seq: seq,
+            sweep,
         });
         {
             let mut st = self.inner.state.lock();
@@ -325,97 +321,12 @@ impl Engine {
         Ok(new_base)
     }
 
-    /// The run of `frozen`'s changes alone, unless the base's runs after its bottom one would
-    /// then outgrow the bottom one (or number `RUNS_PER_MANIFEST_MAX`): then None, and the
-    /// checkpoint merges them all.
-    async fn encode_delta(&self, frozen: &Arc<Frozen>, base: &Arc<Base>) -> Option<Vec<u8>> {
-        let bottom_id = base.infos.first()?.id;
-        let (bottom, deltas): (Vec<&RunInfo>, Vec<&RunInfo>) =
-            base.infos.iter().partition(|r| r.id == bottom_id);
-        if deltas.len() + 1 >= RUNS_PER_MANIFEST_MAX {
-            return None;
-        }
-        let bottom_bytes: u64 = bottom.iter().map(|r| r.size_bytes).sum();
-        let delta_bytes: u64 = deltas.iter().map(|r| r.size_bytes).sum();
-        let (sealer, frozen_) = (self.inner.sealer.clone(), frozen.clone());
-        let seal_id = logobj::run_seal_id(frozen.seq, 0);
-        let delta = self
-            .inner
-            .tasks
-            .spawn_blocking(move || {
-                let c = frozen_.mem.to_run(None);
-                crate::lsm::run::encode(&sealer, seal_id, c.points, &c.ranges)
-            })
-            .await;
-        (delta_bytes + delta.len() as u64 <= bottom_bytes).then_some(delta)
-    }
-
-    /// Merges `frozen`'s changes and every run of `base` into one bottom run, streamed into
-    /// parts of about `Tuning::run_part_bytes` each (disjoint key ranges, in key order), so
-    /// that merging holds one part in memory, not the whole map. Deletions have nothing left
-    /// to hide in the bottom run and are dropped, as are the lz4 marks of formats 2 and 3 (the
-    /// object table keeps them now).
-    async fn merge_runs(
-        &self,
-        frozen: &Arc<Frozen>,
-        base: &Arc<Base>,
-    ) -> Result<(Vec<RunInfo>, Vec<Arc<RunReader>>), EngineError> {
-        use crate::lsm::merge::{merge_from, Source};
-        use crate::lsm::Entry;
-        let seq = frozen.seq;
-        let changes = frozen.mem.to_run(None);
-        let mut sources = vec![Source::Mem(&changes)];
-        sources.extend(base.sources());
-        let part_bytes = self.inner.tuning.run_part_bytes;
-        let (mut infos, mut readers) = (Vec::new(), Vec::new());
-        let mut start: Vec<u8> = Vec::new();
-        for part in 0u32.. {
-            let mut entries: Vec<(Vec<u8>, Entry)> = Vec::new();
-            let mut bytes = 0u64;
-            let mut full = false;
-            merge_from(&sources, &start, |key, entry| {
-                let Entry::Put(value) = &entry else {
-                    return true;
-                };
-                if crate::meta::run_key::parse_lz4_object(&key).is_some() {
-                    return true;
-                }
-                bytes += (key.len() + value.len() + 8) as u64;
-                entries.push((key, entry));
-                full = bytes >= part_bytes;
-                !full
-            })
-            .await?;
-            if entries.is_empty() && part > 0 {
-                break;
-            }
-            if let Some((last, _)) = entries.last() {
-                start = last.clone();
-                start.push(0);
-            }
-            let sealer = self.inner.sealer.clone();
-            let seal_id = logobj::run_seal_id(seq, part);
-            let object = self
-                .inner
-                .tasks
-                .spawn_blocking(move || crate::lsm::run::encode(&sealer, seal_id, entries, &[]))
-                .await;
-            let info = RunInfo {
-                id: seq,
-                part,
-                size_bytes: object.len() as u64,
-            };
-            readers.push(Arc::new(self.store_run(info, object).await?));
-            infos.push(info);
-            if !full {
-                break;
-            }
-        }
-        Ok((infos, readers))
-    }
-
     /// Stores a run (part) and opens it from the bytes at hand.
-    async fn store_run(&self, info: RunInfo, object: Vec<u8>) -> Result<RunReader, EngineError> {
+    pub(super) async fn store_run(
+        &self,
+        info: RunInfo,
+        object: Vec<u8>,
+    ) -> Result<RunReader, EngineError> {
         let run_key = info.key();
         let reader = RunReader::from_object(
             self.inner.bucket.clone(),
@@ -466,7 +377,7 @@ impl Engine {
             if let Some((id, part)) = logobj::parse_run_key(&old.key).filter(|&(id, part)| {
                 id < seq
                     && !runs.iter().any(|r| r.id == id && r.part == part)
-                    && !self.inner.pins.lock().holds_run(id)
+                    && !self.inner.pins.lock().holds_run(id, part)
             }) {
                 if let Some(d) = &self.inner.disk_cache {
                     d.drop_object(Space::Run, logobj::run_seal_id(id, part));

@@ -63,14 +63,6 @@ pub(super) enum Repack {
     No,
 }
 
-/// Every live extent pointer of `sources` (newest first), as (inode, index, pointer), in key
-/// order (fsck's one pass over the map).
-pub(super) async fn all_extents(
-    sources: &[crate::lsm::merge::Source<'_>],
-) -> Result<Vec<(u64, u64, ExtentPtr)>, EngineError> {
-    Ok(extents_slice(sources, &[], u64::MAX, |_| true).await?.0)
-}
-
 /// The live extent pointers of `sources` (newest first) from run key `from` on (the first
 /// extent key when empty), in key order: `scan_max` of them at most, of which those `keep`
 /// accepts are returned. Also returns the key the next slice starts from, or an empty one

@@ -145,19 +145,34 @@ impl Engine {
             // unknown. Nothing more to check or to repair.
             return Ok(report);
         }
-        let mut extents = self.committed_extents().await?;
-        extents.sort_unstable_by_key(|(_, _, p)| (p.seq, p.offset));
-        let mut at = 0;
-        while at < extents.len() {
-            let seq = extents[at].2.seq;
-            let end = at + extents[at..].partition_point(|(_, _, p)| p.seq == seq);
-            self.fsck_object(seq, logs.get(&seq).copied(), &extents[at..end], &mut report)
-                .await?;
-            at = end;
+        // In passes over the extent map, each keeping only the pointers into a range of log
+        // objects that the object table (counts too high, never too low) says hold at most
+        // FSCK_EXTENTS_PER_PASS: memory stays bounded whatever the bucket holds.
+        let passes = {
+            let st = self.inner.state.lock();
+            fsck_passes(
+                st.committed
+                    .live()
+                    .iter()
+                    .map(|(seq, i)| (seq, i.live_extents)),
+            )
+        };
+        let mut live: HashSet<u64> = HashSet::new();
+        for (lo, hi) in passes {
+            let mut extents = self.committed_extents_in(lo, hi).await?;
+            extents.sort_unstable_by_key(|(_, _, p)| (p.seq, p.offset));
+            let mut at = 0;
+            while at < extents.len() {
+                let seq = extents[at].2.seq;
+                let end = at + extents[at..].partition_point(|(_, _, p)| p.seq == seq);
+                self.fsck_object(seq, logs.get(&seq).copied(), &extents[at..end], &mut report)
+                    .await?;
+                live.insert(seq);
+                at = end;
+            }
         }
         // The metadata of log objects no extent points into (those after the manifest were
         // replayed at open; older ones are garbage).
-        let live: HashSet<u64> = extents.iter().map(|(_, _, p)| p.seq).collect();
         let pinned = |s: u64| pins.iter().any(|p| p.objects.binary_search(&s).is_ok());
         for (&seq, _) in logs.iter().filter(|(s, _)| !live.contains(s)) {
             if seq <= manifest_seq && !pinned(seq) {
@@ -168,7 +183,9 @@ impl Engine {
         // Runs, manifests and format-1 checkpoints nothing names.
         let kept_run = |id: u64, part: u32| {
             runs.iter().any(|r| r.id == id && r.part == part)
-                || pins.iter().any(|p| p.runs.iter().any(|r| r.id == id))
+                || pins
+                    .iter()
+                    .any(|p| p.runs.iter().any(|r| r.id == id && r.part == part))
         };
         for o in bucket.list("run/").await? {
             if logobj::parse_run_key(&o.key)
@@ -208,9 +225,12 @@ impl Engine {
         Ok(report)
     }
 
-    /// Every committed extent pointer, as (inode, index, pointer), in key order.
-    pub(super) async fn committed_extents(
+    /// The committed extent pointers into log objects `lo..=hi`, as (inode, index, pointer),
+    /// in key order.
+    async fn committed_extents_in(
         &self,
+        lo: u64,
+        hi: u64,
     ) -> Result<Vec<(u64, u64, ExtentPtr)>, EngineError> {
         use crate::lsm::merge::Source;
         use crate::meta::run_key;
@@ -224,7 +244,10 @@ impl Engine {
         };
         let mut sources: Vec<Source<'_>> = layers.iter().map(Source::Mem).collect();
         sources.extend(base.sources());
-        collector::all_extents(&sources).await
+        let keep = |p: &ExtentPtr| (lo..=hi).contains(&p.seq);
+        Ok(collector::extents_slice(&sources, &[], u64::MAX, keep)
+            .await?
+            .0)
     }
 
     /// Reads log object `seq` whole and checks its metadata and the frames of `extents`.
@@ -298,5 +321,37 @@ impl Engine {
             );
         }
         Ok(())
+    }
+}
+
+/// Ranges of log objects (inclusive, covering every sequence number) whose live extents, by the
+/// object table's `(seq, live extents)` in increasing order, add up to at most
+/// `FSCK_EXTENTS_PER_PASS` each (an object with more gets a range of its own).
+fn fsck_passes(objects: impl Iterator<Item = (u64, u64)>) -> Vec<(u64, u64)> {
+    let mut passes = Vec::new();
+    let (mut lo, mut count) = (0u64, 0u64);
+    for (seq, extents) in objects {
+        if count > 0 && count + extents > FSCK_EXTENTS_PER_PASS {
+            passes.push((lo, seq - 1));
+            (lo, count) = (seq, 0);
+        }
+        count += extents;
+    }
+    passes.push((lo, u64::MAX));
+    passes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passes_cover_every_object_within_the_bound() {
+        let n = FSCK_EXTENTS_PER_PASS;
+        assert_eq!(fsck_passes(std::iter::empty()), vec![(0, u64::MAX)]);
+        assert_eq!(
+            fsck_passes([(3, n / 2), (5, n / 2), (9, 1), (12, n + 5), (20, 1)].into_iter()),
+            vec![(0, 8), (9, 11), (12, 19), (20, u64::MAX)]
+        );
     }
 }

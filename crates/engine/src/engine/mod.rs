@@ -14,6 +14,7 @@
 mod barrier;
 mod checkpoint;
 mod collector;
+mod compaction;
 mod error;
 mod fsck;
 mod io;

@@ -180,10 +180,10 @@ impl Pins {
             .any(|p| p.objects.binary_search(&seq).is_ok())
     }
 
-    pub(super) fn holds_run(&self, id: u64) -> bool {
+    pub(super) fn holds_run(&self, id: u64, part: u32) -> bool {
         self.by_name
             .values()
-            .any(|p| p.runs.iter().any(|r| r.id == id))
+            .any(|p| p.runs.iter().any(|r| r.id == id && r.part == part))
     }
 
     pub(super) fn holds_manifest(&self, seq: u64) -> bool {

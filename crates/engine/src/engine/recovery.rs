@@ -365,22 +365,27 @@ async fn load_base(
     let key = logobj::manifest_key(seq);
     let bytes = bucket.get(&key).await?;
     let manifest = logobj::decode_manifest(sealer, &key, seq, &bytes)?;
-    let mut runs = Vec::with_capacity(manifest.runs.len());
-    for run in manifest.runs.iter().rev() {
-        let reader = RunReader::open(
-            bucket.clone(),
-            sealer.clone(),
-            &run.key(),
-            run.seal_id(),
-            run.size_bytes,
-        )
+    // Each part costs a tail and an index read: many at once, or a remote bucket's round trip
+    // each would add up at open.
+    let runs: Vec<Arc<RunReader>> = futures::stream::iter(manifest.runs.iter().rev())
+        .map(|run| async move {
+            let reader = RunReader::open(
+                bucket.clone(),
+                sealer.clone(),
+                &run.key(),
+                run.seal_id(),
+                run.size_bytes,
+            )
+            .await?;
+            Ok::<_, EngineError>(Arc::new(
+                reader
+                    .with_cache(cache.clone())
+                    .with_disk_cache(disk.clone()),
+            ))
+        })
+        .buffered(RUN_OPEN_CONCURRENCY)
+        .try_collect()
         .await?;
-        runs.push(Arc::new(
-            reader
-                .with_cache(cache.clone())
-                .with_disk_cache(disk.clone()),
-        ));
-    }
     let objects = match manifest.objects {
         Some(table) => table,
         None => rebuild_object_table(&runs, &key).await?,
@@ -392,6 +397,9 @@ async fn load_base(
         infos: manifest.runs,
         objects,
         manifest_seq: seq,
+        sweep: manifest
+            .sweep
+            .map(|(first_seq, from)| crate::meta::BottomSweep { first_seq, from }),
     })
 }
 

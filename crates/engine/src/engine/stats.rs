@@ -51,13 +51,20 @@ pub struct EngineStats {
     /// Metadata held in memory beside that cache: the changes not yet in a run and the runs'
     /// indexes (bounded by the checkpoint interval, not by the bucket).
     pub metadata_memory_bytes: u64,
-    /// Runs the newest manifest names.
+    /// Runs (bottom parts and deltas) the newest manifest names, and the deltas among them.
     pub metadata_runs: u64,
+    pub metadata_delta_runs: u64,
     /// Log objects committed since the newest checkpoint began: what an open would replay.
     pub log_objects_since_checkpoint: u64,
     /// Client barriers and write-behind flushes held while a checkpoint caught up
     /// (`Engine::wait_for_checkpoint`).
     pub barriers_held_for_checkpoint: u64,
+    /// Bottom parts merged with the deltas by sweeps (engine/compaction.rs), and sweeps that
+    /// passed over every key.
+    pub bottom_parts_merged: u64,
+    pub bottom_sweeps_finished: u64,
+    /// Delta runs merged into a newer one (size tiers).
+    pub delta_runs_merged: u64,
 }
 
 #[derive(Default)]
@@ -77,6 +84,9 @@ pub(super) struct Counters {
     pub(super) extents_resealed: AtomicU64,
     pub(super) repack_sweeps_started: AtomicU64,
     pub(super) barriers_held_for_checkpoint: AtomicU64,
+    pub(super) bottom_parts_merged: AtomicU64,
+    pub(super) bottom_sweeps_finished: AtomicU64,
+    pub(super) delta_runs_merged: AtomicU64,
 }
 
 impl Engine {
@@ -110,8 +120,16 @@ impl Engine {
             metadata_cache_misses: self.inner.block_cache.misses(),
             metadata_memory_bytes: st.committed.memory_bytes() as u64,
             metadata_runs: st.committed.base().runs.len() as u64,
+            metadata_delta_runs: {
+                let infos = &st.committed.base().infos;
+                let bottom = infos.first().map(|r| r.id);
+                infos.iter().filter(|r| Some(r.id) != bottom).count() as u64
+            },
             log_objects_since_checkpoint: self.inner.checkpoint_lag_objects.load(Ordering::Relaxed),
             barriers_held_for_checkpoint: c.barriers_held_for_checkpoint.load(Ordering::Relaxed),
+            bottom_parts_merged: c.bottom_parts_merged.load(Ordering::Relaxed),
+            bottom_sweeps_finished: c.bottom_sweeps_finished.load(Ordering::Relaxed),
+            delta_runs_merged: c.delta_runs_merged.load(Ordering::Relaxed),
         }
     }
 }

@@ -17,7 +17,7 @@ pub enum Source<'a> {
 }
 
 impl<'a> Source<'a> {
-    fn range_deletes(&self) -> &'a [RangeDelete] {
+    pub fn range_deletes(&self) -> &'a [RangeDelete] {
         match self {
             Source::Run(r) => r.range_deletes(),
             Source::Mem(m) => &m.ranges,
@@ -220,6 +220,17 @@ pub async fn merge_from(
     emit: impl FnMut(Vec<u8>, Entry) -> bool,
 ) -> Result<(), RunError> {
     merge(sources, start, None, emit).await
+}
+
+/// `merge_from` over `start..end` (`None`: to the last key): how a slice of the bottom run is
+/// merged.
+pub async fn merge_between(
+    sources: &[Source<'_>],
+    start: &[u8],
+    end: Option<&[u8]>,
+    emit: impl FnMut(Vec<u8>, Entry) -> bool,
+) -> Result<(), RunError> {
+    merge(sources, start, end, emit).await
 }
 
 /// Up to `limit` live pairs with keys in `start..end` (`None`: to the last key), in key order,

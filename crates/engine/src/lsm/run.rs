@@ -456,6 +456,16 @@ impl RunReader {
         &self.blocks[block].first_key
     }
 
+    /// Stored bytes of block number `block`.
+    pub fn block_bytes(&self, block: usize) -> u64 {
+        u64::from(self.blocks[block].length)
+    }
+
+    /// The run's last key (none: the run holds no point entries).
+    pub fn last_key(&self) -> Option<&[u8]> {
+        self.blocks.last().map(|b| b.last_key.as_slice())
+    }
+
     /// Block number `block`: from the block cache, else from the disk cache, else read (one
     /// ranged GET); checked either way.
     pub async fn block(&self, block: usize) -> Result<Block, RunError> {

@@ -10,8 +10,8 @@ mod objects;
 mod state;
 
 pub use mem::Here;
-pub use objects::ObjectTable;
-pub use state::{resolve, table_after, Base, Frozen, MetaState};
+pub use objects::{ObjectTable, OBJECT_BYTES};
+pub use state::{resolve, table_after, Base, BottomSweep, Frozen, MetaState};
 
 /// How the metadata is keyed in runs (docs/format.md, "Runs"): extents first, so that loading a
 /// run stack in key order sets them before the lz4 marks that need their objects live.

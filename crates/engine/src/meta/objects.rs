@@ -25,7 +25,7 @@ pub struct ObjectTable {
 }
 
 /// Encoded bytes of one object: seq, live bytes, live extents, flags.
-const OBJECT_BYTES: usize = 8 + 8 + 8 + 1;
+pub const OBJECT_BYTES: usize = 8 + 8 + 8 + 1;
 const FLAG_LZ4: u8 = 1;
 
 impl ObjectTable {

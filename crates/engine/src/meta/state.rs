@@ -26,6 +26,16 @@ pub struct Base {
     pub objects: ObjectTable,
     /// The log object the manifest covers (0: none yet).
     pub manifest_seq: u64,
+    /// The sweep of the bottom run under way (engine/compaction.rs), as the manifest records it.
+    pub sweep: Option<BottomSweep>,
+}
+
+/// A sweep of the bottom run: the checkpoint that began it (every delta of that id or older is
+/// in what has been merged) and the next key to merge.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BottomSweep {
+    pub first_seq: u64,
+    pub from: Vec<u8>,
 }
 
 impl Base {
@@ -494,6 +504,7 @@ mod tests {
                 infos: Vec::new(),
                 objects: table.clone(),
                 manifest_seq: id,
+                sweep: None,
             }),
         );
         table

@@ -7,6 +7,7 @@ mod caches;
 mod checkpoint;
 mod collector;
 mod common;
+mod compaction;
 mod fsck;
 mod local_bucket;
 mod outage;
