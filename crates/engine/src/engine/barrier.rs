@@ -78,7 +78,7 @@ impl Engine {
             tokio::pin!(committed);
             committed.as_mut().enable();
             let (pending, unflushed) = {
-                let st = self.inner.state.lock();
+                let st = self.inner.state.read();
                 (st.pending.data_bytes(), st.unflushed_bytes())
             };
             if pending as u64 >= self.inner.tuning.dirty_bytes_flush_start {
@@ -110,13 +110,13 @@ impl Engine {
         let engine = self.clone();
         self.inner.tasks.spawn(async move {
             engine.wait_for_checkpoint().await;
-            let target = engine.inner.state.lock().write_gen;
+            let target = engine.inner.state.read().write_gen;
             engine.seal_pending(target, Waiting::Engine).await;
             engine
                 .inner
                 .background_flush
                 .store(false, Ordering::Release);
-            let pending = engine.inner.state.lock().pending.data_bytes();
+            let pending = engine.inner.state.read().pending.data_bytes();
             if pending as u64 >= engine.inner.tuning.dirty_bytes_flush_start {
                 engine.kick_background_flush();
             }
@@ -155,7 +155,7 @@ impl Engine {
 
     fn checkpoint_lags(&self) -> bool {
         let t = &self.inner.tuning;
-        let extents = self.inner.state.lock().committed.live().extent_count();
+        let extents = self.inner.state.read().committed.live().extent_count();
         self.inner.checkpoint_lag_objects.load(Ordering::Relaxed)
             >= 2 * t.log_objects_per_checkpoint(extents)
             || self.inner.checkpoint_lag_bytes.load(Ordering::Relaxed)
@@ -170,7 +170,7 @@ impl Engine {
         }
         let started = tokio::time::Instant::now();
         let (target, pending_bytes) = {
-            let st = self.inner.state.lock();
+            let st = self.inner.state.read();
             (st.write_gen, st.pending.data_bytes())
         };
         let mut retries = 0;
@@ -216,7 +216,7 @@ impl Engine {
             return;
         }
         let batch = {
-            let mut st = self.inner.state.lock();
+            let mut st = self.inner.state.write();
             let mut batch = std::mem::take(&mut st.pending);
             batch.gen = st.write_gen;
             if batch.is_empty() {
@@ -435,7 +435,7 @@ impl Engine {
         let (seq, object) = (sealed.seq, &sealed.object);
         let mut evicted = Vec::new();
         let snapshot = {
-            let mut st = self.inner.state.lock();
+            let mut st = self.inner.state.write();
             let batch = st
                 .flushing
                 .pop_front()
@@ -450,15 +450,8 @@ impl Engine {
             if !batch.extent_cuts.is_empty() {
                 // One pass over the memory tier for all of the batch's cuts: a cut names a range
                 // (often to the end of a file), not the extents it covered.
-                let doomed: Vec<(u64, u64)> = st
-                    .clean
-                    .iter()
-                    .map(|(key, _)| *key)
-                    .filter(|&(ino, index)| batch.cuts_extent(ino, index))
-                    .collect();
-                for key in doomed {
-                    st.clean.pop(&key);
-                }
+                st.clean
+                    .drop_where(|(ino, index)| batch.cuts_extent(ino, index));
             }
             for ((ino, index), d) in &batch.extents {
                 match d {
@@ -471,7 +464,7 @@ impl Engine {
                     // leaving it out keeps the collector's cold extents from evicting hot ones.
                     Dirty::Moved(_) => {}
                     Dirty::Hole => {
-                        st.clean.pop(&(*ino, *index));
+                        st.clean.pop((*ino, *index));
                     }
                 }
             }

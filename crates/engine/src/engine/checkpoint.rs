@@ -118,7 +118,7 @@ impl Engine {
         let (frozen, covered) = {
             let mut ctl = self.inner.upload.lock().await;
             let frozen = {
-                let mut st = self.inner.state.lock();
+                let mut st = self.inner.state.write();
                 (due(&ctl, &st) && !self.inner.checkpoint_running.swap(true, Ordering::AcqRel))
                     .then(|| {
                         let seq = *ctl
@@ -184,7 +184,7 @@ impl Engine {
         // object found dead here stays dead.
         type Logs = Vec<(u64, u64)>;
         let (dead, live): (Logs, Logs) = {
-            let st = self.inner.state.lock();
+            let st = self.inner.state.read();
             let pins = self.inner.pins.lock();
             covered
                 .logs
@@ -241,12 +241,12 @@ impl Engine {
         frozen: &Arc<Frozen>,
     ) -> Result<Arc<Base>, EngineError> {
         let seq = frozen.seq;
-        let base = self.inner.state.lock().committed.base().clone();
+        let base = self.inner.state.read().committed.base().clone();
         let debits = match frozen.resolved() {
             Some(d) => d,
             None => {
                 let d = crate::meta::resolve(frozen, &base).await?;
-                self.inner.state.lock().committed.resolve(frozen, &d)
+                self.inner.state.write().committed.resolve(frozen, &d)
             }
         };
         let objects = crate::meta::table_after(&base, frozen, &debits);
@@ -299,7 +299,7 @@ impl Engine {
             sweep,
         });
         {
-            let mut st = self.inner.state.lock();
+            let mut st = self.inner.state.write();
             st.committed.install(frozen, new_base.clone());
             // Readers holding the old base retry if its runs are collected under them.
             st.commit_gen += 1;

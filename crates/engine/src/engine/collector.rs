@@ -232,13 +232,13 @@ impl Engine {
             let mut found = Vec::with_capacity(chunk.len());
             let mut missing: BTreeMap<u64, Vec<(u64, ExtentPtr)>> = BTreeMap::new();
             {
-                let st = self.inner.state.lock();
+                let st = self.inner.state.read();
                 for &(ino, index, ptr) in chunk {
                     if !unchanged(&st, ino, index, ptr) {
                         continue;
                     }
-                    match st.clean.peek(&(ino, index)) {
-                        Some(data) => found.push((ino, index, ptr, data.clone())),
+                    match st.clean.peek((ino, index)) {
+                        Some(data) => found.push((ino, index, ptr, data)),
                         None => missing.entry(ino).or_default().push((index, ptr)),
                     }
                 }
@@ -250,7 +250,7 @@ impl Engine {
                 }
             }
             let moved = {
-                let mut st = self.inner.state.lock();
+                let mut st = self.inner.state.write();
                 let mut moved = 0;
                 for (ino, index, ptr, data) in found {
                     if unchanged(&st, ino, index, ptr) {

@@ -22,6 +22,14 @@ use crate::meta::BottomSweep;
 /// this one the bottom is rewritten under a new id.
 const RUN_PARTS_REWRITE_AT: u32 = 1 << 20;
 
+/// What `merge_parts` writes: parts of the bottom (`only`: the bottom has no other parts, so
+/// one is written even if empty), or of a delta with these range deletions.
+#[derive(Clone, Copy)]
+enum Parts<'a> {
+    Bottom { only: bool },
+    Delta(&'a [RangeDelete]),
+}
+
 /// A part of the bottom run, with its first key (none: the part is empty).
 struct BottomPart {
     first: Option<Vec<u8>>,
@@ -204,7 +212,9 @@ impl Engine {
                     end.as_deref(),
                     bottom_id,
                     first_part,
-                    taken.len() == bottom.len(),
+                    Parts::Bottom {
+                        only: taken.len() == bottom.len(),
+                    },
                 )
                 .await?;
             bytes_written += bytes;
@@ -267,7 +277,9 @@ impl Engine {
         sources: &[Source<'_>],
         seq: u64,
     ) -> Result<RunLayout, EngineError> {
-        let (infos, readers, bytes) = self.merge_parts(sources, &[], None, seq, 0, true).await?;
+        let (infos, readers, bytes) = self
+            .merge_parts(sources, &[], None, seq, 0, Parts::Bottom { only: true })
+            .await?;
         Ok(RunLayout {
             runs: readers.into_iter().rev().collect(),
             infos,
@@ -294,29 +306,38 @@ impl Engine {
         let seq = frozen.seq;
         let (sealer, changes_) = (self.inner.sealer.clone(), changes.clone());
         let seal_id = logobj::run_seal_id(seq, 0);
-        let mut object = self
+        let object = self
             .inner
             .tasks
             .spawn_blocking(move || {
                 crate::lsm::run::encode(&sealer, seal_id, changes_.points, &changes_.ranges)
             })
             .await;
-        // Deltas a sweep under way has merged part of are left to it.
-        let mergeable: Vec<u64> = deltas
+        // The deltas by id (a merged delta has parts), oldest first. Those a sweep under way
+        // has merged part of are left to it.
+        let mut groups: Vec<(u64, u64)> = Vec::new();
+        for d in &deltas {
+            match groups.last_mut() {
+                Some((id, bytes)) if *id == d.id => *bytes += d.size_bytes,
+                _ => groups.push((d.id, d.size_bytes)),
+            }
+        }
+        let mergeable: Vec<u64> = groups
             .iter()
             .rev()
-            .take_while(|d| sweep.as_ref().is_none_or(|s| d.id > s.first_seq))
-            .map(|d| d.size_bytes)
+            .take_while(|(id, _)| sweep.as_ref().is_none_or(|s| *id > s.first_seq))
+            .map(|(_, bytes)| *bytes)
             .collect();
         let tuning = &self.inner.tuning;
         let take = deltas_to_merge(
             object.len() as u64,
             &mergeable,
             tuning.delta_runs_per_merge.max(2) as usize,
-            tuning.run_part_bytes,
+            tuning.run_merge_bytes_per_checkpoint,
         );
         if take > 0 {
-            let older: Vec<RunInfo> = deltas.split_off(deltas.len() - take);
+            let first_merged = groups[groups.len() - take].0;
+            let older = deltas.split_off(deltas.partition_point(|d| d.id < first_merged));
             let readers: Vec<Arc<RunReader>> = older
                 .iter()
                 .rev()
@@ -324,14 +345,8 @@ impl Engine {
                 .collect();
             let mut sources = vec![Source::Mem(changes)];
             sources.extend(readers.iter().map(|r| Source::Run(r.as_ref())));
-            let mut entries: Vec<(Vec<u8>, Entry)> = Vec::new();
-            crate::lsm::merge::merge_from(&sources, &[], |key, entry| {
-                entries.push((key, entry));
-                true
-            })
-            .await?;
             // A range deletion of any merged run hides the runs below them all; the merged
-            // run's points are newer than every one of them (merge_from left out the hidden).
+            // run's points are newer than every one of them (the merge leaves out the hidden).
             let mut ranges: Vec<RangeDelete> = sources
                 .iter()
                 .flat_map(|s| s.range_deletes())
@@ -339,26 +354,29 @@ impl Engine {
                 .collect();
             ranges.sort();
             ranges.dedup();
-            let sealer = self.inner.sealer.clone();
-            object = self
-                .inner
-                .tasks
-                .spawn_blocking(move || crate::lsm::run::encode(&sealer, seal_id, entries, &ranges))
-                .await;
+            let (infos, readers, bytes) = self
+                .merge_parts(&sources, &[], None, seq, 0, Parts::Delta(&ranges))
+                .await?;
+            bytes_written += bytes;
+            for (info, reader) in infos.iter().zip(readers) {
+                reader_of.insert((info.id, info.part), reader);
+            }
+            deltas.extend(infos);
             self.inner
                 .counters
                 .delta_runs_merged
                 .fetch_add(take as u64, Ordering::Relaxed);
+        } else {
+            let info = RunInfo {
+                id: seq,
+                part: 0,
+                size_bytes: object.len() as u64,
+            };
+            bytes_written += info.size_bytes;
+            let reader = Arc::new(self.store_run(info, object).await?);
+            reader_of.insert((seq, 0), reader);
+            deltas.push(info);
         }
-        let info = RunInfo {
-            id: seq,
-            part: 0,
-            size_bytes: object.len() as u64,
-        };
-        bytes_written += info.size_bytes;
-        let reader = Arc::new(self.store_run(info, object).await?);
-        reader_of.insert((seq, 0), reader);
-        deltas.push(info);
         let mut infos = bottom;
         infos.sort_by_key(|r| (r.id, r.part));
         infos.extend(deltas);
@@ -390,11 +408,13 @@ impl Engine {
         Ok(next)
     }
 
-    /// Merges `sources` (newest first) over `from..end` into bottom parts `id.first_part`,
+    /// Merges `sources` (newest first) over `from..end` into parts `id.first_part`,
     /// `id.first_part + 1`, ... of about `Tuning::run_part_bytes` each, in key order, holding one
-    /// part in memory at a time. Deletions have nothing left to hide in the bottom and are
-    /// dropped, as are the lz4 marks of formats 2 and 3 (the object table keeps them now).
-    /// Returns the parts (none when the range holds nothing, unless `keep_empty`) and their bytes.
+    /// part in memory at a time. In the bottom, deletions have nothing left to hide and are
+    /// dropped, as are the lz4 marks of formats 2 and 3 (the object table keeps them now). A
+    /// delta keeps its deletions, and its range deletions go in part 0, which readers ask after
+    /// the others (the manifest's order reversed): they hide only older runs. Returns the parts
+    /// (none when the range holds nothing, unless the bottom would have none) and their bytes.
     async fn merge_parts(
         &self,
         sources: &[Source<'_>],
@@ -402,8 +422,12 @@ impl Engine {
         end: Option<&[u8]>,
         id: u64,
         first_part: u32,
-        keep_empty: bool,
+        parts: Parts<'_>,
     ) -> Result<(Vec<RunInfo>, Vec<Arc<RunReader>>, u64), EngineError> {
+        let (keep_empty, bottom, ranges) = match parts {
+            Parts::Bottom { only } => (only, true, &[][..]),
+            Parts::Delta(ranges) => (true, false, ranges),
+        };
         let part_bytes = self.inner.tuning.run_part_bytes;
         let (mut infos, mut readers, mut written) = (Vec::new(), Vec::new(), 0);
         let mut start: Vec<u8> = from.to_vec();
@@ -412,13 +436,15 @@ impl Engine {
             let mut bytes = 0u64;
             let mut full = false;
             crate::lsm::merge::merge_between(sources, &start, end, |key, entry| {
-                let Entry::Put(value) = &entry else {
-                    return true;
+                let value_len = match &entry {
+                    Entry::Put(value) => value.len(),
+                    Entry::Delete if bottom => return true,
+                    Entry::Delete => 0,
                 };
-                if crate::meta::run_key::parse_lz4_object(&key).is_some() {
+                if bottom && crate::meta::run_key::parse_lz4_object(&key).is_some() {
                     return true;
                 }
-                bytes += (key.len() + value.len() + 8) as u64;
+                bytes += (key.len() + value_len + 8) as u64;
                 entries.push((key, entry));
                 full = bytes >= part_bytes;
                 !full
@@ -437,7 +463,14 @@ impl Engine {
             let object = self
                 .inner
                 .tasks
-                .spawn_blocking(move || crate::lsm::run::encode(&sealer, seal_id, entries, &[]))
+                .spawn_blocking({
+                    let ranges = if part == 0 {
+                        ranges.to_vec()
+                    } else {
+                        Vec::new()
+                    };
+                    move || crate::lsm::run::encode(&sealer, seal_id, entries, &ranges)
+                })
                 .await;
             let info = RunInfo {
                 id,

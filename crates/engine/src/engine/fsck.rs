@@ -77,7 +77,7 @@ impl Engine {
         let _slot = self.checkpoint_slot().await;
         let bucket = &self.inner.bucket;
         let mut report = FsckReport::default();
-        let base = self.inner.state.lock().committed.base().clone();
+        let base = self.inner.state.read().committed.base().clone();
         let (manifest_seq, runs) = (base.manifest_seq, base.infos.clone());
         report.manifest_seq = manifest_seq;
         report.runs = runs.len();
@@ -149,7 +149,7 @@ impl Engine {
         // objects that the object table (counts too high, never too low) says hold at most
         // FSCK_EXTENTS_PER_PASS: memory stays bounded whatever the bucket holds.
         let passes = {
-            let st = self.inner.state.lock();
+            let st = self.inner.state.read();
             fsck_passes(
                 st.committed
                     .live()
@@ -236,7 +236,7 @@ impl Engine {
         use crate::meta::run_key;
         let (start, end) = (run_key::extent(0, 0), run_key::extents_end());
         let (layers, base) = {
-            let st = self.inner.state.lock();
+            let st = self.inner.state.read();
             (
                 st.committed.layer_runs(&start, &end),
                 st.committed.base().clone(),

@@ -51,7 +51,7 @@ impl Engine {
             // Partial extents need their current content first; fetch those that are neither in
             // memory nor holes, outside the lock, then try again.
             let (missing, commit_gen, base) = {
-                let mut st = self.inner.state.lock();
+                let mut st = self.inner.state.write();
                 let mut missing = Vec::new();
                 stored_bases(&mut st, ino, offset, length, &mut missing);
                 if missing.is_empty() {
@@ -124,7 +124,7 @@ impl Engine {
             }
         }
         if !zeroes.is_empty() {
-            let mut st = self.inner.state.lock();
+            let st = self.inner.state.read();
             if st.commit_gen != commit_gen {
                 return Ok(());
             }
@@ -134,7 +134,7 @@ impl Engine {
         }
         for (ino, wanted) in by_ino {
             let fetched = self.fetch(ino, &wanted).await?;
-            let mut st = self.inner.state.lock();
+            let st = self.inner.state.read();
             if st.commit_gen != commit_gen {
                 return Ok(());
             }
@@ -224,7 +224,7 @@ impl Engine {
                 // The log object was collected after its extents were overwritten while this read
                 // was under way: look the extents up again.
                 Err((EngineError::Store(StoreError::NotFound(_)), commit_gen))
-                    if commit_gen != self.inner.state.lock().commit_gen => {}
+                    if commit_gen != self.inner.state.read().commit_gen => {}
                 other => return other.map_err(|(e, _)| e),
             }
         }
@@ -246,7 +246,7 @@ impl Engine {
         let mut missing = Vec::new();
         let mut in_base = Vec::new();
         let (commit_gen, base) = {
-            let mut st = self.inner.state.lock();
+            let st = self.inner.state.read();
             for index in first..=last {
                 match st.find(ino, index) {
                     Found::Data(d) => found.push((index, d)),
@@ -269,7 +269,7 @@ impl Engine {
                 .fetch(ino, &missing)
                 .await
                 .map_err(|e| (e, commit_gen))?;
-            let mut st = self.inner.state.lock();
+            let st = self.inner.state.read();
             if st.commit_gen == commit_gen {
                 for (index, data) in &fetched {
                     st.clean.put((ino, *index), data.clone());
@@ -430,7 +430,7 @@ impl Engine {
         limit: usize,
     ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, EngineError> {
         loop {
-            let snapshot = self.inner.state.lock().snapshot(start, end, limit);
+            let snapshot = self.inner.state.read().snapshot(start, end, limit);
             match snapshot.scan(limit).await {
                 Err(crate::lsm::RunError::Store(StoreError::NotFound(_)))
                     if self.base_replaced(&snapshot.base) => {}
@@ -440,14 +440,14 @@ impl Engine {
     }
 
     fn base_replaced(&self, base: &Arc<Base>) -> bool {
-        !Arc::ptr_eq(base, self.inner.state.lock().committed.base())
+        !Arc::ptr_eq(base, self.inner.state.read().committed.base())
     }
 
     /// Deallocates every extent of `ino` at or beyond `from_index` (file deletion, truncation):
     /// one op in the log, whatever the number of extents.
     pub fn drop_extents_from(&self, ino: u64, from_index: u64) -> Result<(), EngineError> {
         self.check_writable()?;
-        let mut st = self.inner.state.lock();
+        let mut st = self.inner.state.write();
         st.cut_extents(ino, from_index, u64::MAX);
         st.write_gen += 1;
         Ok(())
@@ -460,7 +460,7 @@ impl Engine {
     async fn kv_get_current(&self, key: &[u8]) -> Result<Option<Vec<u8>>, EngineError> {
         loop {
             let base = {
-                let st = self.inner.state.lock();
+                let st = self.inner.state.read();
                 match st.kv_get(key) {
                     Here::Is(v) => return Ok(v),
                     Here::NotHere => st.committed.base().clone(),
@@ -507,7 +507,7 @@ impl Engine {
     /// Applies the changes atomically (all of them are in the same flush).
     pub fn kv_commit(&self, changes: Vec<KvChange>) -> Result<(), EngineError> {
         self.check_writable()?;
-        let mut st = self.inner.state.lock();
+        let mut st = self.inner.state.write();
         for c in changes {
             apply_kv(&mut st, c);
         }

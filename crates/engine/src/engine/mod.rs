@@ -13,6 +13,7 @@
 
 mod barrier;
 mod checkpoint;
+mod clean;
 mod collector;
 mod compaction;
 mod error;
@@ -64,10 +65,9 @@ use crate::tasks::TaskSet;
 use crate::tuning::Tuning;
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
-use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -82,7 +82,7 @@ struct Inner {
     tuning: Tuning,
     tasks: TaskSet,
     read_only: bool,
-    state: Mutex<State>,
+    state: RwLock<State>,
     seal: tokio::sync::Mutex<SealCtl>,
     upload: tokio::sync::Mutex<UploadCtl>,
     /// Sealed objects not yet uploaded, in sequence order. A failed upload stays at the front
@@ -150,7 +150,7 @@ impl Engine {
     }
 
     fn has_unflushed(&self) -> bool {
-        let st = self.inner.state.lock();
+        let st = self.inner.state.read();
         st.write_gen > self.inner.durable_gen.load(Ordering::Acquire) || !st.flushing.is_empty()
     }
 

@@ -91,7 +91,7 @@ pub(super) struct State {
     /// it in the cache over a newer one.
     pub(super) commit_gen: u64,
     /// Decoded committed extents (the memory tier).
-    pub(super) clean: lru::LruCache<(u64, u64), Arc<Vec<u8>>>,
+    pub(super) clean: super::clean::CleanCache,
 }
 
 pub(super) enum Found {
@@ -121,7 +121,7 @@ impl State {
     }
 
     /// The current content of an extent, as far as memory knows it.
-    pub(super) fn find(&mut self, ino: u64, index: u64) -> Found {
+    pub(super) fn find(&self, ino: u64, index: u64) -> Found {
         let key = (ino, index);
         for batch in self.newest_first() {
             match batch.extents.get(&key) {
@@ -131,8 +131,8 @@ impl State {
                 None => {}
             }
         }
-        if let Some(d) = self.clean.get(&key) {
-            return Found::Data(d.clone());
+        if let Some(d) = self.clean.get(key) {
+            return Found::Data(d);
         }
         match self.committed.extent(ino, index) {
             Here::Is(Some(ptr)) => Found::Stored(ptr),

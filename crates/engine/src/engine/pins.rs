@@ -336,7 +336,7 @@ impl Engine {
                 // those holding no live extent (only key-value pairs, say) are collected.
                 let last_log = ctl.known_logs.last_key_value().map(|(s, _)| *s);
                 let target = *target.get_or_insert(last_log);
-                let mut st = self.inner.state.lock();
+                let mut st = self.inner.state.write();
                 let base = st.committed.base().clone();
                 if st.committed.frozen().is_none()
                     && base.manifest_seq > 0

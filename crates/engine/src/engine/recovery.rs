@@ -291,15 +291,13 @@ impl Engine {
                 tuning: opts.tuning.clone(),
                 tasks: opts.tasks.clone(),
                 read_only: opts.read_only,
-                state: Mutex::new(State {
+                state: RwLock::new(State {
                     write_gen: 0,
                     pending: Batch::default(),
                     flushing: VecDeque::new(),
                     committed,
                     commit_gen: 0,
-                    clean: lru::LruCache::new(
-                        NonZeroUsize::new(clean_extents).expect("at least 1024"),
-                    ),
+                    clean: super::clean::CleanCache::new(clean_extents),
                 }),
                 seal: tokio::sync::Mutex::new(SealCtl {
                     next_seq: last_seq + 1,

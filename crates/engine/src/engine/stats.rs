@@ -92,7 +92,7 @@ pub(super) struct Counters {
 impl Engine {
     pub fn stats(&self) -> EngineStats {
         let c = &self.inner.counters;
-        let st = self.inner.state.lock();
+        let st = self.inner.state.read();
         EngineStats {
             barriers: c.barriers.load(Ordering::Relaxed),
             barrier_wait_us: c.barrier_wait_us.load(Ordering::Relaxed),

@@ -149,7 +149,7 @@ impl Engine {
         let mut from_base: HashMap<Vec<u8>, BaseValue> = HashMap::new();
         loop {
             let (missing, commit_gen, base, unread) = {
-                let mut st = self.inner.state.lock();
+                let mut st = self.inner.state.write();
                 let base = st.committed.base().clone();
                 let mut unread = Vec::new();
                 for (key, expect) in &txn.expects {

@@ -30,7 +30,7 @@ impl Engine {
             // A write applied after the last look found the flag still set and started nothing.
             if let Some(gen) = covered {
                 let pending_bytes = {
-                    let st = engine.inner.state.lock();
+                    let st = engine.inner.state.read();
                     (st.write_gen > gen).then(|| st.pending.data_bytes())
                 };
                 if let Some(pending_bytes) = pending_bytes {
@@ -55,7 +55,7 @@ impl Engine {
     /// the next barrier retries it). Returns the write generation it made durable.
     pub(super) async fn write_behind_until_caught_up(&self) -> Option<u64> {
         loop {
-            let target = self.inner.state.lock().write_gen;
+            let target = self.inner.state.read().write_gen;
             if self.inner.durable_gen.load(Ordering::Acquire) >= target {
                 return Some(target);
             }
@@ -68,7 +68,7 @@ impl Engine {
                 tracing::error!(error = %e, "write-behind flush failed; the writes stay in memory and the next flush retries");
                 return None;
             }
-            let pending_bytes = self.inner.state.lock().pending.data_bytes();
+            let pending_bytes = self.inner.state.read().pending.data_bytes();
             if !self.write_behind_due(pending_bytes) {
                 return Some(target);
             }

@@ -212,18 +212,9 @@ async fn merge(
     }
 }
 
-/// Calls `emit` with each key's winning entry of `sources` (newest first) from `start` on, in
-/// key order, until `emit` says stop: how a merge is streamed into parts.
-pub async fn merge_from(
-    sources: &[Source<'_>],
-    start: &[u8],
-    emit: impl FnMut(Vec<u8>, Entry) -> bool,
-) -> Result<(), RunError> {
-    merge(sources, start, None, emit).await
-}
-
-/// `merge_from` over `start..end` (`None`: to the last key): how a slice of the bottom run is
-/// merged.
+/// Calls `emit` with each key's winning entry of `sources` (newest first) over `start..end`
+/// (`None`: to the last key), in key order, until `emit` says stop: how a merge is streamed
+/// into parts.
 pub async fn merge_between(
     sources: &[Source<'_>],
     start: &[u8],
