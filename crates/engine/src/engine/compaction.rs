@@ -432,46 +432,34 @@ impl Engine {
         let (mut infos, mut readers, mut written) = (Vec::new(), Vec::new(), 0);
         let mut start: Vec<u8> = from.to_vec();
         for part in first_part.. {
-            let mut entries: Vec<(Vec<u8>, Entry)> = Vec::new();
-            let mut bytes = 0u64;
+            // Entries go straight into the sealed blocks of the part: a merge holds the part's
+            // compressed object, not its entries.
+            let mut w =
+                crate::lsm::run::RunWriter::new(&self.inner.sealer, logobj::run_seal_id(id, part));
+            let mut last: Option<Vec<u8>> = None;
             let mut full = false;
             crate::lsm::merge::merge_between(sources, &start, end, |key, entry| {
-                let value_len = match &entry {
-                    Entry::Put(value) => value.len(),
-                    Entry::Delete if bottom => return true,
-                    Entry::Delete => 0,
-                };
-                if bottom && crate::meta::run_key::parse_lz4_object(&key).is_some() {
+                if bottom
+                    && (entry == Entry::Delete
+                        || crate::meta::run_key::parse_lz4_object(&key).is_some())
+                {
                     return true;
                 }
-                bytes += (key.len() + value_len + 8) as u64;
-                entries.push((key, entry));
-                full = bytes >= part_bytes;
+                w.push(&key, &entry);
+                last = Some(key);
+                full = w.entry_bytes() >= part_bytes;
                 !full
             })
             .await?;
             // An empty part is stored only when the bottom would otherwise have none.
-            if entries.is_empty() && (part > first_part || !keep_empty) {
+            if w.count() == 0 && (part > first_part || !keep_empty) {
                 break;
             }
-            if let Some((last, _)) = entries.last() {
-                start = last.clone();
-                start.push(0);
+            if let Some(mut last) = last {
+                last.push(0);
+                start = last;
             }
-            let sealer = self.inner.sealer.clone();
-            let seal_id = logobj::run_seal_id(id, part);
-            let object = self
-                .inner
-                .tasks
-                .spawn_blocking({
-                    let ranges = if part == 0 {
-                        ranges.to_vec()
-                    } else {
-                        Vec::new()
-                    };
-                    move || crate::lsm::run::encode(&sealer, seal_id, entries, &ranges)
-                })
-                .await;
+            let object = w.finish(if part == first_part { ranges } else { &[] });
             let info = RunInfo {
                 id,
                 part,

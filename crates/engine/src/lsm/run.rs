@@ -78,85 +78,138 @@ pub fn encode(
     entries: impl IntoIterator<Item = (Vec<u8>, Entry)>,
     ranges: &[RangeDelete],
 ) -> Vec<u8> {
-    let mut out = Vec::with_capacity(HEADER_BYTES);
-    out.extend_from_slice(RUN_MAGIC);
-    out.extend_from_slice(&run_id.to_le_bytes());
-    let mut blocks: Vec<BlockRef> = Vec::new();
-    let mut plain: Vec<u8> = Vec::new();
-    let mut first_key: Option<Vec<u8>> = None;
-    let mut last_key: Option<Vec<u8>> = None;
-    let mut count = 0u64;
-    let mut flush =
-        |plain: &mut Vec<u8>, first: &mut Option<Vec<u8>>, last: &[u8], out: &mut Vec<u8>| {
-            let offset = out.len() as u64;
-            seal_compressed(sealer, &block_aad(run_id, blocks.len() as u64), plain, out);
-            blocks.push(BlockRef {
-                offset,
-                length: u32::try_from(out.len() as u64 - offset)
-                    .expect("a block is far below 4 GiB"),
-                first_key: first.take().expect("a block holds at least one entry"),
-                last_key: last.to_vec(),
-            });
-            plain.clear();
-        };
+    let mut w = RunWriter::new(sealer, run_id);
     for (key, entry) in entries {
+        w.push(&key, &entry);
+    }
+    w.finish(ranges)
+}
+
+/// A run encoded as its entries arrive: it holds the run's sealed blocks and the block being
+/// filled, not the entries, so that a merge streams from its sources into the object.
+pub struct RunWriter<'a> {
+    sealer: &'a Sealer,
+    run_id: u64,
+    out: Vec<u8>,
+    blocks: Vec<BlockRef>,
+    plain: Vec<u8>,
+    first_key: Option<Vec<u8>>,
+    last_key: Vec<u8>,
+    count: u64,
+    entry_bytes: u64,
+}
+
+impl<'a> RunWriter<'a> {
+    pub fn new(sealer: &'a Sealer, run_id: u64) -> RunWriter<'a> {
+        let mut out = Vec::with_capacity(HEADER_BYTES);
+        out.extend_from_slice(RUN_MAGIC);
+        out.extend_from_slice(&run_id.to_le_bytes());
+        RunWriter {
+            sealer,
+            run_id,
+            out,
+            blocks: Vec::new(),
+            plain: Vec::new(),
+            first_key: None,
+            last_key: Vec::new(),
+            count: 0,
+            entry_bytes: 0,
+        }
+    }
+
+    /// Entries pushed so far.
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    /// Plain bytes of the entries pushed so far (what bounds a part).
+    pub fn entry_bytes(&self) -> u64 {
+        self.entry_bytes
+    }
+
+    /// Appends an entry; its key must be above every key pushed before.
+    pub fn push(&mut self, key: &[u8], entry: &Entry) {
         assert!(
             key.len() <= u16::MAX as usize,
             "keys are shorter than 64 KiB"
         );
         assert!(
-            last_key.as_ref().is_none_or(|last| *last < key),
+            self.count == 0 || self.last_key.as_slice() < key,
             "run entries are in strictly increasing key order"
         );
-        if first_key.is_none() {
-            first_key = Some(key.clone());
+        if self.first_key.is_none() {
+            self.first_key = Some(key.to_vec());
         }
-        put_key(&mut plain, &key);
-        match &entry {
+        let before = self.plain.len();
+        put_key(&mut self.plain, key);
+        match entry {
             Entry::Put(value) => {
-                plain.push(KIND_PUT);
+                self.plain.push(KIND_PUT);
                 assert!(
                     value.len() <= RUN_VALUE_BYTES_MAX,
                     "run values are at most 1 MiB"
                 );
                 let len = value.len() as u32;
-                plain.extend_from_slice(&len.to_le_bytes());
-                plain.extend_from_slice(value);
+                self.plain.extend_from_slice(&len.to_le_bytes());
+                self.plain.extend_from_slice(value);
             }
-            Entry::Delete => plain.push(KIND_DELETE),
+            Entry::Delete => self.plain.push(KIND_DELETE),
         }
-        count += 1;
-        if plain.len() >= RUN_BLOCK_BYTES_TARGET {
-            flush(&mut plain, &mut first_key, &key, &mut out);
+        self.entry_bytes += (self.plain.len() - before) as u64;
+        self.count += 1;
+        self.last_key.clear();
+        self.last_key.extend_from_slice(key);
+        if self.plain.len() >= RUN_BLOCK_BYTES_TARGET {
+            self.flush();
         }
-        last_key = Some(key);
     }
-    if !plain.is_empty() {
-        let last = last_key.clone().expect("entries were seen");
-        flush(&mut plain, &mut first_key, &last, &mut out);
+
+    fn flush(&mut self) {
+        let offset = self.out.len() as u64;
+        let aad = block_aad(self.run_id, self.blocks.len() as u64);
+        seal_compressed(self.sealer, &aad, &self.plain, &mut self.out);
+        self.blocks.push(BlockRef {
+            offset,
+            length: u32::try_from(self.out.len() as u64 - offset)
+                .expect("a block is far below 4 GiB"),
+            first_key: self
+                .first_key
+                .take()
+                .expect("a block holds at least one entry"),
+            last_key: self.last_key.clone(),
+        });
+        self.plain.clear();
     }
-    let mut index = Vec::new();
-    index.extend_from_slice(&(blocks.len() as u32).to_le_bytes());
-    for b in &blocks {
-        index.extend_from_slice(&b.offset.to_le_bytes());
-        index.extend_from_slice(&b.length.to_le_bytes());
-        put_key(&mut index, &b.first_key);
-        put_key(&mut index, &b.last_key);
+
+    /// The run's object, with `ranges` as its range deletions.
+    pub fn finish(mut self, ranges: &[RangeDelete]) -> Vec<u8> {
+        if !self.plain.is_empty() {
+            self.flush();
+        }
+        let mut index = Vec::new();
+        index.extend_from_slice(&(self.blocks.len() as u32).to_le_bytes());
+        for b in &self.blocks {
+            index.extend_from_slice(&b.offset.to_le_bytes());
+            index.extend_from_slice(&b.length.to_le_bytes());
+            put_key(&mut index, &b.first_key);
+            put_key(&mut index, &b.last_key);
+        }
+        index.extend_from_slice(&(ranges.len() as u32).to_le_bytes());
+        for r in ranges {
+            assert!(r.start < r.end, "a range deletion is not empty");
+            put_key(&mut index, &r.start);
+            put_key(&mut index, &r.end);
+        }
+        index.extend_from_slice(&self.count.to_le_bytes());
+        let mut out = self.out;
+        let index_offset = out.len() as u64;
+        seal_compressed(self.sealer, &index_aad(self.run_id), &index, &mut out);
+        let index_len = out.len() as u64 - index_offset;
+        out.extend_from_slice(&index_offset.to_le_bytes());
+        out.extend_from_slice(&index_len.to_le_bytes());
+        out.extend_from_slice(RUN_END_MAGIC);
+        out
     }
-    index.extend_from_slice(&(ranges.len() as u32).to_le_bytes());
-    for r in ranges {
-        assert!(r.start < r.end, "a range deletion is not empty");
-        put_key(&mut index, &r.start);
-        put_key(&mut index, &r.end);
-    }
-    index.extend_from_slice(&count.to_le_bytes());
-    let index_offset = out.len() as u64;
-    seal_compressed(sealer, &index_aad(run_id), &index, &mut out);
-    let index_len = out.len() as u64 - index_offset;
-    out.extend_from_slice(&index_offset.to_le_bytes());
-    out.extend_from_slice(&index_len.to_le_bytes());
-    out.extend_from_slice(RUN_END_MAGIC);
-    out
 }
 
 /// Reads the plaintext of a sealed, compressed part, at most `max` bytes of it.
