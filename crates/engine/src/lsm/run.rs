@@ -318,6 +318,8 @@ fn decode_block(plain: &[u8]) -> Result<Vec<(Vec<u8>, Entry)>, &'static str> {
     if entries.is_empty() {
         return Err("empty block");
     }
+    // The block cache counts the entries, not the vector's spare room: give it back.
+    entries.shrink_to_fit();
     Ok(entries)
 }
 
