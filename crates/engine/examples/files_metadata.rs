@@ -21,6 +21,12 @@ use bucketfs_engine::bucket::open_url;
 use bucketfs_engine::{Engine, EngineOptions, KdfCost, KvChange};
 use std::time::Instant;
 
+/// The server's allocator (crates/bucketfs/src/main.rs), so that the memory measured here is
+/// what `bucketfs run` would hold: with glibc's, a 10 M-file fill peaked at 1,117 MiB, with
+/// mimalloc at 733 MiB.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const FILES_PER_DIRECTORY: u64 = 1000;
 const FILES_PER_COMMIT: u64 = 1000;
 const FILES_PER_FLUSH: u64 = 10_000;
