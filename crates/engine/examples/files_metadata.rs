@@ -112,16 +112,13 @@ fn writer(dir: &str) -> bucketfs_engine::bucket::SharedBucket {
 }
 
 /// Commits `n` pairs of `pair(i)`, 1,000 per transaction, a flush every 10,000.
-async fn commit_all(e: &Engine, n: u64, mut pair: impl FnMut(u64) -> (Vec<u8>, Vec<u8>)) {
+/// Commits the changes `of(i)` for i in 0..n, those of 1,000 items per transaction, a flush
+/// every 10,000 items.
+async fn commit_all(e: &Engine, n: u64, mut of: impl FnMut(u64) -> Vec<KvChange>) {
     let mut at = 0;
     while at < n {
         let end = (at + FILES_PER_COMMIT).min(n);
-        let changes = (at..end)
-            .map(|i| {
-                let (k, v) = pair(i);
-                KvChange::Put(k, v)
-            })
-            .collect();
+        let changes = (at..end).flat_map(&mut of).collect();
         e.kv_commit(changes).expect("commit");
         at = end;
         if at % FILES_PER_FLUSH == 0 || at == n {
@@ -133,7 +130,10 @@ async fn commit_all(e: &Engine, n: u64, mut pair: impl FnMut(u64) -> (Vec<u8>, V
 async fn fill_extents(dir: &str, n: u64) {
     let started = Instant::now();
     let e = Engine::open(writer(dir), options()).await.expect("open");
-    commit_all(&e, n, |i| (extent_key(i), extent_value(i, 0))).await;
+    commit_all(&e, n, |i| {
+        vec![KvChange::Put(extent_key(i), extent_value(i, 0))]
+    })
+    .await;
     e.close().await.expect("close");
     let s = e.stats();
     println!(
@@ -167,7 +167,7 @@ async fn overwrite(dir: &str, kind: &str, n: u64, count: u64) {
         if changed.insert(i) {
             encoded += (2 + k.len() + 1 + 4 + v.len()) as u64;
         }
-        (k, v)
+        vec![KvChange::Put(k, v)]
     })
     .await;
     e.close().await.expect("close");
@@ -231,24 +231,14 @@ async fn fill(dir: &str, files: u64) {
     let bucket = open_url(&format!("file://{dir}"), &Vec::new()).expect("a directory bucket");
     let started = Instant::now();
     let e = Engine::open(bucket, options()).await.expect("open");
-    let mut at = 0;
-    while at < files {
-        let end = (at + FILES_PER_COMMIT).min(files);
-        let mut changes = Vec::with_capacity(2 * (end - at) as usize);
-        for i in at..end {
-            let (ino, parent, name) = file_of(i);
-            changes.push(KvChange::Put(inode_key(ino), inode_value(ino)));
-            changes.push(KvChange::Put(
-                dirent_key(parent, &name),
-                ino.to_be_bytes().to_vec(),
-            ));
-        }
-        e.kv_commit(changes).expect("commit");
-        at = end;
-        if at % FILES_PER_FLUSH == 0 || at == files {
-            e.flush().await.expect("flush");
-        }
-    }
+    commit_all(&e, files, |i| {
+        let (ino, parent, name) = file_of(i);
+        vec![
+            KvChange::Put(inode_key(ino), inode_value(ino)),
+            KvChange::Put(dirent_key(parent, &name), ino.to_be_bytes().to_vec()),
+        ]
+    })
+    .await;
     e.close().await.expect("close");
     let s = e.stats();
     println!(
@@ -270,13 +260,8 @@ async fn open(dir: &str, files: u64) {
     let open_s = started.elapsed().as_secs_f64();
     let rss_open = peak_rss_mib();
     // Random lookups of a file's directory entry and inode, as a path walk does.
-    let mut rng = 0x9e3779b97f4a7c15u64;
-    let mut next = || {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng % files
-    };
+    let mut rng = Rng(0x9e3779b97f4a7c15);
+    let mut next = || rng.below(files);
     let lookups = 2000;
     let started = Instant::now();
     for _ in 0..lookups {
