@@ -14,11 +14,14 @@
 //!                                encoded size of the entries it changed
 //!   files_metadata open-extents DIR N
 //!                                opens the bucket, then times random lookups
+//!   files_metadata writers DIR creates|writes TASKS SECONDS
+//!                                TASKS clients creating files or writing 4 KiB blocks, each
+//!                                on its own inode: operations per second
 //!
 //! Each prints one JSON line with its timings and the process's peak RSS (VmHWM).
 
 use bucketfs_engine::bucket::open_url;
-use bucketfs_engine::{Engine, EngineOptions, KdfCost, KvChange};
+use bucketfs_engine::{Engine, EngineOptions, Expect, Fill, KdfCost, KvChange, Txn};
 use std::time::Instant;
 
 /// The server's allocator (crates/bucketfs/src/main.rs), so that the memory measured here is
@@ -111,36 +114,48 @@ fn writer(dir: &str) -> bucketfs_engine::bucket::SharedBucket {
     open_url(&format!("file://{dir}"), &Vec::new()).expect("a directory bucket")
 }
 
-/// Commits `n` pairs of `pair(i)`, 1,000 per transaction, a flush every 10,000.
+/// The size of a put as a run entry: key length u16, key, kind, value length u32, value.
+fn encoded_size(k: &[u8], v: &[u8]) -> u64 {
+    (2 + k.len() + 1 + 4 + v.len()) as u64
+}
+
 /// Commits the changes `of(i)` for i in 0..n, those of 1,000 items per transaction, a flush
-/// every 10,000 items.
-async fn commit_all(e: &Engine, n: u64, mut of: impl FnMut(u64) -> Vec<KvChange>) {
+/// every 10,000 items. Answers the encoded size of the puts committed.
+async fn commit_all(e: &Engine, n: u64, mut of: impl FnMut(u64) -> Vec<KvChange>) -> u64 {
     let mut at = 0;
+    let mut encoded = 0;
     while at < n {
         let end = (at + FILES_PER_COMMIT).min(n);
-        let changes = (at..end).flat_map(&mut of).collect();
+        let changes: Vec<KvChange> = (at..end).flat_map(&mut of).collect();
+        for c in &changes {
+            if let KvChange::Put(k, v) = c {
+                encoded += encoded_size(k, v);
+            }
+        }
         e.kv_commit(changes).expect("commit");
         at = end;
         if at % FILES_PER_FLUSH == 0 || at == n {
             e.flush().await.expect("flush");
         }
     }
+    encoded
 }
 
 async fn fill_extents(dir: &str, n: u64) {
     let started = Instant::now();
     let e = Engine::open(writer(dir), options()).await.expect("open");
-    commit_all(&e, n, |i| {
+    let encoded = commit_all(&e, n, |i| {
         vec![KvChange::Put(extent_key(i), extent_value(i, 0))]
     })
     .await;
     e.close().await.expect("close");
     let s = e.stats();
     println!(
-        "{{\"phase\":\"fill-extents\",\"extents\":{n},\"seconds\":{:.1},\"checkpoints\":{},\"checkpoint_bytes\":{},\"peak_rss_mib\":{}}}",
+        "{{\"phase\":\"fill-extents\",\"extents\":{n},\"seconds\":{:.1},\"checkpoints\":{},\"checkpoint_bytes\":{},\"changed_encoded_bytes\":{encoded},\"ratio\":{:.2},\"peak_rss_mib\":{}}}",
         started.elapsed().as_secs_f64(),
         s.checkpoints_written,
         s.checkpoint_bytes_written,
+        s.checkpoint_bytes_written as f64 / encoded.max(1) as f64,
         peak_rss_mib()
     );
 }
@@ -163,9 +178,8 @@ async fn overwrite(dir: &str, kind: &str, n: u64, count: u64) {
             }
             _ => (extent_key(i), extent_value(i, 1)),
         };
-        // A run entry: key length u16, key, kind, value length u32, value.
         if changed.insert(i) {
-            encoded += (2 + k.len() + 1 + 4 + v.len()) as u64;
+            encoded += encoded_size(&k, &v);
         }
         vec![KvChange::Put(k, v)]
     })
@@ -182,6 +196,59 @@ async fn overwrite(dir: &str, kind: &str, n: u64, count: u64) {
         s.bottom_sweeps_finished,
         s.delta_runs_merged,
         started.elapsed().as_secs_f64(),
+        peak_rss_mib()
+    );
+}
+
+/// `tasks` clients, each creating files in its own directory (kind "creates": one transaction
+/// per file, conditional on the name being absent, as a create is) or writing 4 KiB blocks at
+/// random offsets of its own inode (kind "writes"), a flush every 1,000 operations, for
+/// `seconds`. The operations per second against one client show whether clients on different
+/// inodes wait for one another.
+async fn writers(dir: &str, kind: &str, tasks: u64, seconds: f64) {
+    let e = Engine::open(writer(dir), options()).await.expect("open");
+    let deadline = Instant::now() + std::time::Duration::from_secs_f64(seconds);
+    let started = Instant::now();
+    let mut clients = Vec::new();
+    for t in 0..tasks {
+        let e = e.clone();
+        let kind = kind.to_string();
+        clients.push(tokio::spawn(async move {
+            let mut rng = Rng(0x9e3779b97f4a7c15 ^ (t + 1));
+            let block = vec![t as u8 + 1; 4096];
+            let mut done = 0u64;
+            while Instant::now() < deadline {
+                if kind == "creates" {
+                    let ino = ((t + 1) << 40) + done;
+                    let name = format!("file-{done:09}");
+                    let mut txn = Txn::new();
+                    txn.expect(dirent_key(ino >> 40, &name), Expect::Absent)
+                        .put(inode_key(ino), inode_value(ino))
+                        .put(dirent_key(ino >> 40, &name), ino.to_be_bytes().to_vec());
+                    e.commit(&txn).await.expect("create");
+                } else {
+                    let offset = rng.below(1 << 18) * 4096;
+                    e.write(1000 + t, offset, 4096, Fill::Data(&block))
+                        .await
+                        .expect("write");
+                }
+                done += 1;
+                if done.is_multiple_of(1000) {
+                    e.flush().await.expect("flush");
+                }
+            }
+            done
+        }));
+    }
+    let mut ops = 0;
+    for c in clients {
+        ops += c.await.expect("a client");
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    e.close().await.expect("close");
+    println!(
+        "{{\"phase\":\"writers\",\"kind\":\"{kind}\",\"tasks\":{tasks},\"ops\":{ops},\"seconds\":{elapsed:.1},\"ops_per_s\":{:.0},\"peak_rss_mib\":{}}}",
+        ops as f64 / elapsed,
         peak_rss_mib()
     );
 }
@@ -231,7 +298,7 @@ async fn fill(dir: &str, files: u64) {
     let bucket = open_url(&format!("file://{dir}"), &Vec::new()).expect("a directory bucket");
     let started = Instant::now();
     let e = Engine::open(bucket, options()).await.expect("open");
-    commit_all(&e, files, |i| {
+    let encoded = commit_all(&e, files, |i| {
         let (ino, parent, name) = file_of(i);
         vec![
             KvChange::Put(inode_key(ino), inode_value(ino)),
@@ -242,10 +309,11 @@ async fn fill(dir: &str, files: u64) {
     e.close().await.expect("close");
     let s = e.stats();
     println!(
-        "{{\"phase\":\"fill\",\"files\":{files},\"seconds\":{:.1},\"checkpoints\":{},\"checkpoint_bytes\":{},\"barriers_held\":{},\"peak_rss_mib\":{}}}",
+        "{{\"phase\":\"fill\",\"files\":{files},\"seconds\":{:.1},\"checkpoints\":{},\"checkpoint_bytes\":{},\"changed_encoded_bytes\":{encoded},\"ratio\":{:.2},\"barriers_held\":{},\"peak_rss_mib\":{}}}",
         started.elapsed().as_secs_f64(),
         s.checkpoints_written,
         s.checkpoint_bytes_written,
+        s.checkpoint_bytes_written as f64 / encoded.max(1) as f64,
         s.barriers_held_for_checkpoint,
         peak_rss_mib()
     );
@@ -319,8 +387,19 @@ async fn main() {
             )
             .await
         }
+        [phase, dir, kind, tasks, seconds]
+            if phase == "writers" && (kind == "creates" || kind == "writes") =>
+        {
+            writers(
+                dir,
+                kind,
+                tasks.parse().expect("a task count"),
+                seconds.parse().expect("seconds"),
+            )
+            .await
+        }
         _ => {
-            eprintln!("usage: files_metadata fill|open DIR FILES | fill-extents|open-extents DIR N | overwrite DIR files|extents N COUNT");
+            eprintln!("usage: files_metadata fill|open DIR FILES | fill-extents|open-extents DIR N | overwrite DIR files|extents N COUNT | writers DIR creates|writes TASKS SECONDS");
             std::process::exit(2);
         }
     }
