@@ -19,10 +19,21 @@ pub fn fs_error_message(e: FsError) -> String {
 fn to_export_error(e: FsError) -> ExportError {
     let msg = e.to_string();
     match e {
-        FsError::OutOfRange { .. } | FsError::InvalidName(_) => ExportError::Invalid(msg),
+        FsError::OutOfRange { .. } | FsError::InvalidName(_) | FsError::Invalid(_) => {
+            ExportError::Invalid(msg)
+        }
         FsError::TooLarge(_) => ExportError::NoSpace(msg),
-        FsError::NotFound(_) | FsError::Exists(_) | FsError::Damaged(..) => ExportError::Io(msg),
-        FsError::Engine(EngineError::ReadOnly) => ExportError::Permission(msg),
+        FsError::Engine(EngineError::ReadOnly) | FsError::Access | FsError::NotPermitted => {
+            ExportError::Permission(msg)
+        }
+        FsError::NotFound(_)
+        | FsError::Exists(_)
+        | FsError::Damaged(..)
+        | FsError::NotDir
+        | FsError::IsDir
+        | FsError::NotEmpty
+        | FsError::NoXattr
+        | FsError::NotSupported(_) => ExportError::Io(msg),
         FsError::Engine(_) => {
             tracing::error!(error = %msg, "block device I/O failed");
             ExportError::Io(msg)

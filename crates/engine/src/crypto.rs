@@ -13,15 +13,18 @@ use serde::{Deserialize, Serialize};
 
 pub const NONCE_BYTES: usize = 24;
 pub const TAG_BYTES: usize = 16;
-/// The bucket format this build writes (docs/format.md): 5 records a sweep of the bottom run
+/// The bucket format this build writes (docs/format.md): 6 lays the filesystem out for POSIX
+/// (versioned inode records, directory entries keyed by a keyed hash of their name, which the
+/// filesystem layer migrates from format 5's names in keys when a writer opens it); 5 records a
+/// sweep of the bottom run
 /// under way in the manifest, and writes bottom parts of one id across checkpoints; 4 keeps the
 /// object table (live bytes
 /// per log object) in each manifest, so that open reads no run whole; 3 adds range deletions to
 /// the log; 2 keeps metadata in sorted runs named by manifests; 1 kept it in whole-map
-/// checkpoints. A bucket of format 2 to 4 is migrated when a writer opens it, before anything
+/// checkpoints. A bucket of format 2 to 5 is migrated when a writer opens it, before anything
 /// is written, so that an older build refuses it rather than misreading it; a format-1 bucket
 /// by its first checkpoint.
-pub const FORMAT_VERSION: u32 = 5;
+pub const FORMAT_VERSION: u32 = 6;
 /// The oldest bucket format this build opens.
 pub const FORMAT_VERSION_OLDEST: u32 = 1;
 const WRAP_AAD: &[u8] = b"bucketfs data key v1";
@@ -213,13 +216,33 @@ pub struct OpenError;
 /// `nonce (24) || ciphertext || tag (16)`; the associated data binds it to its place.
 pub struct Sealer {
     cipher: XChaCha20Poly1305,
+    /// Keys the hash that stands for a name in a metadata key (`Sealer::name_hash`).
+    name_key: [u8; 32],
 }
+
+/// The context of the name-hash key's derivation from the data key. Part of the format: a
+/// different context would find no directory entry of an existing bucket.
+const NAME_HASH_CONTEXT: &str = "bucketfs 2026-11-27 names in metadata keys";
 
 impl Sealer {
     pub fn new(key: &DataKey) -> Self {
         Self {
             cipher: XChaCha20Poly1305::new((&key.0).into()),
+            name_key: blake3::derive_key(NAME_HASH_CONTEXT, &key.0),
         }
+    }
+
+    /// A 64-bit keyed hash of `scope` and `name`. Metadata keys are stored in the clear (they
+    /// must sort), so a name that belongs in a key (a directory entry, an extended attribute)
+    /// goes there as this hash, and the name itself in the sealed value. Without the data key
+    /// the hash says nothing of the name; the scope (a directory's inode number) keeps equal
+    /// names in different directories from showing as equal.
+    pub fn name_hash(&self, scope: u64, name: &[u8]) -> u64 {
+        let mut h = blake3::Hasher::new_keyed(&self.name_key);
+        h.update(&scope.to_be_bytes());
+        h.update(name);
+        let out = h.finalize();
+        u64::from_be_bytes(out.as_bytes()[..8].try_into().expect("8 of 32 bytes"))
     }
 
     /// Bytes `seal_to_slice` writes for a plaintext of `plain_len` bytes.

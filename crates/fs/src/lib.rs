@@ -1,22 +1,51 @@
-//! The filesystem core: inodes, directories and file sizes over the engine's key-value pairs and
-//! extents. Block devices are the files of the directory `/.nbd/`.
+//! The filesystem core: POSIX inodes, directories, files and their permissions over the
+//! engine's keys and extents (docs/0006). Every mutation is one engine transaction, made under
+//! the locks of the inodes it touches, so it is atomic after a crash and clients working on
+//! different inodes never wait for one another. Block devices are the regular files of the
+//! directory `/.nbd/`.
 //!
-//! Key layout (docs/format.md): `i` + ino (8, big-endian) -> inode; `d` + parent ino + name ->
-//! child ino; `c/next_ino` -> the next free inode number. Every namespace change and every
-//! resize is one engine transaction, so it is atomic.
+//! Names are bytes (any but `/` and NUL, 1 to 255 of them). Protocol servers call this layer
+//! with the caller's credentials; it answers `FsError`, which `FsError::errno` maps to POSIX.
 
-use bucketfs_engine::{Engine, EngineError, Expect, Fill, KvChange, Txn};
-use parking_lot::RwLock;
+mod blockdev;
+mod change;
+mod dir;
+mod file;
+mod inode;
+mod keys;
+mod locks;
+mod namespace;
+mod perm;
+mod xattr;
+
+pub use blockdev::BlockDevice;
+pub use dir::{DirEntry, FIRST_COOKIE};
+pub use file::SetAttr;
+pub use inode::{Inode, Kind, Time};
+pub use namespace::RenameFlags;
+pub use perm::{Caller, MAY_EXEC, MAY_READ, MAY_WRITE};
+pub use xattr::XattrMode;
+
+use bucketfs_engine::{Engine, EngineError, Expect, Txn};
+use change::Change;
+use dir::Entry;
+use inode::S_IFDIR;
+use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
 
 pub const ROOT_INO: u64 = 1;
 pub const NBD_DIR_NAME: &str = ".nbd";
 /// Longest file name, as in most POSIX filesystems.
 pub const NAME_BYTES_MAX: usize = 255;
+/// Longest symlink target (PATH_MAX).
+pub const SYMLINK_BYTES_MAX: usize = 4096;
 /// Largest file: byte offsets must fit comfortably in u64 arithmetic and in extent indexes.
 pub const FILE_SIZE_BYTES_MAX: u64 = 1 << 60;
-
-const NEXT_INO_KEY: &[u8] = b"c/next_ino";
+/// Inode numbers reserved per counter update, so that creates in different directories do not
+/// all wait on the counter; a crash forgets at most this many unused numbers.
+const INO_RESERVE_COUNT: u64 = 1024;
+/// The layout this build writes (keys::LAYOUT).
+const LAYOUT_VERSION: u8 = 2;
 
 #[derive(Debug, thiserror::Error)]
 pub enum FsError {
@@ -30,369 +59,66 @@ pub enum FsError {
     TooLarge(u64),
     #[error("range {offset}+{length} is beyond the end of the file ({size} bytes)")]
     OutOfRange { offset: u64, length: u64, size: u64 },
+    #[error("not a directory")]
+    NotDir,
+    #[error("is a directory")]
+    IsDir,
+    #[error("directory not empty")]
+    NotEmpty,
+    #[error("permission denied")]
+    Access,
+    #[error("operation not permitted")]
+    NotPermitted,
+    #[error("invalid argument: {0}")]
+    Invalid(String),
+    #[error("no such extended attribute")]
+    NoXattr,
+    #[error("not supported: {0}")]
+    NotSupported(String),
     #[error("inode {0} is damaged: {1}")]
     Damaged(u64, String),
     #[error(transparent)]
     Engine(#[from] EngineError),
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    Directory = 1,
-    File = 2,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Inode {
-    pub kind: Kind,
-    pub size_bytes: u64,
-    pub mode: u32,
-    pub mtime_ns: u64,
-}
-
-impl Inode {
-    fn encode(&self) -> Vec<u8> {
-        let mut v = Vec::with_capacity(21);
-        v.push(self.kind as u8);
-        v.extend_from_slice(&self.size_bytes.to_le_bytes());
-        v.extend_from_slice(&self.mode.to_le_bytes());
-        v.extend_from_slice(&self.mtime_ns.to_le_bytes());
-        v
-    }
-
-    fn decode(ino: u64, v: &[u8]) -> Result<Inode, FsError> {
-        if v.len() != 21 {
-            return Err(FsError::Damaged(
-                ino,
-                "inode record has the wrong length".into(),
-            ));
+impl FsError {
+    /// The POSIX errno a protocol answers for this error (Linux's numbers, which 9P2000.L and
+    /// FUSE carry).
+    pub fn errno(&self) -> i32 {
+        match self {
+            FsError::Exists(_) => libc::EEXIST,
+            FsError::NotFound(_) => libc::ENOENT,
+            FsError::InvalidName(n) if n.len() > NAME_BYTES_MAX => libc::ENAMETOOLONG,
+            FsError::InvalidName(_) | FsError::Invalid(_) | FsError::OutOfRange { .. } => {
+                libc::EINVAL
+            }
+            FsError::TooLarge(_) => libc::EFBIG,
+            FsError::NotDir => libc::ENOTDIR,
+            FsError::IsDir => libc::EISDIR,
+            FsError::NotEmpty => libc::ENOTEMPTY,
+            FsError::Access => libc::EACCES,
+            FsError::NotPermitted => libc::EPERM,
+            FsError::NoXattr => libc::ENODATA,
+            FsError::NotSupported(_) => libc::EOPNOTSUPP,
+            FsError::Engine(EngineError::ReadOnly) => libc::EROFS,
+            FsError::Damaged(..) | FsError::Engine(_) => libc::EIO,
         }
-        let kind = match v[0] {
-            1 => Kind::Directory,
-            2 => Kind::File,
-            k => return Err(FsError::Damaged(ino, format!("unknown inode kind {k}"))),
-        };
-        let u64_at = |at: usize| u64::from_le_bytes(v[at..at + 8].try_into().expect("8 bytes"));
-        Ok(Inode {
-            kind,
-            size_bytes: u64_at(1),
-            mode: u32::from_le_bytes(v[9..13].try_into().expect("4 bytes")),
-            mtime_ns: u64_at(13),
-        })
     }
 }
 
-fn inode_key(ino: u64) -> Vec<u8> {
-    let mut k = b"i".to_vec();
-    k.extend_from_slice(&ino.to_be_bytes());
-    k
-}
-
-fn dirent_prefix(parent: u64) -> Vec<u8> {
-    let mut k = b"d".to_vec();
-    k.extend_from_slice(&parent.to_be_bytes());
-    k
-}
-
-fn dirent_key(parent: u64, name: &str) -> Vec<u8> {
-    let mut k = dirent_prefix(parent);
-    k.extend_from_slice(name.as_bytes());
-    k
-}
-
-fn now_ns() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0)
-}
-
-fn check_name(name: &str) -> Result<(), FsError> {
+fn check_name(name: &[u8]) -> Result<(), FsError> {
     let bad = name.is_empty()
         || name.len() > NAME_BYTES_MAX
-        || name.contains('/')
-        || name.contains('\0')
-        || name == "."
-        || name == "..";
+        || name.contains(&b'/')
+        || name.contains(&0)
+        || name == b"."
+        || name == b"..";
     if bad {
-        return Err(FsError::InvalidName(name.to_string()));
+        return Err(FsError::InvalidName(
+            String::from_utf8_lossy(name).into_owned(),
+        ));
     }
     Ok(())
-}
-
-/// A block device: a regular file of `/.nbd/`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BlockDevice {
-    pub name: String,
-    pub ino: u64,
-    pub size_bytes: u64,
-}
-
-pub struct Fs {
-    engine: Engine,
-    nbd_dir: u64,
-    /// Sizes of open files, checked on every I/O without a key-value lookup.
-    sizes: RwLock<HashMap<u64, u64>>,
-    /// Serialises namespace changes (create, resize, delete), which read then write.
-    namespace: tokio::sync::Mutex<()>,
-}
-
-impl Fs {
-    /// Opens the filesystem, creating `/` and `/.nbd/` in a new bucket.
-    pub async fn open(engine: Engine) -> Result<Fs, FsError> {
-        if engine.kv_get(&inode_key(ROOT_INO)).await?.is_none() && !engine.read_only() {
-            let dir = Inode {
-                kind: Kind::Directory,
-                size_bytes: 0,
-                mode: 0o755,
-                mtime_ns: now_ns(),
-            };
-            let nbd_dir = ROOT_INO + 1;
-            engine.kv_commit(vec![
-                KvChange::Put(inode_key(ROOT_INO), dir.encode()),
-                KvChange::Put(inode_key(nbd_dir), Inode { mode: 0o700, ..dir }.encode()),
-                KvChange::Put(
-                    dirent_key(ROOT_INO, NBD_DIR_NAME),
-                    nbd_dir.to_be_bytes().to_vec(),
-                ),
-                KvChange::Put(NEXT_INO_KEY.to_vec(), (nbd_dir + 1).to_be_bytes().to_vec()),
-            ])?;
-            engine.flush().await?;
-        }
-        let nbd_dir = match engine.kv_get(&dirent_key(ROOT_INO, NBD_DIR_NAME)).await? {
-            Some(v) => decode_ino(ROOT_INO, &v)?,
-            // A read-only open of a bucket whose first writer never got this far.
-            None => return Err(FsError::NotFound("/.nbd".into())),
-        };
-        let fs = Fs {
-            engine,
-            nbd_dir,
-            sizes: RwLock::default(),
-            namespace: tokio::sync::Mutex::new(()),
-        };
-        let devices = fs.block_devices().await?;
-        fs.sizes
-            .write()
-            .extend(devices.iter().map(|d| (d.ino, d.size_bytes)));
-        Ok(fs)
-    }
-
-    pub fn engine(&self) -> &Engine {
-        &self.engine
-    }
-
-    async fn inode(&self, ino: u64) -> Result<Inode, FsError> {
-        let v = self
-            .engine
-            .kv_get(&inode_key(ino))
-            .await?
-            .ok_or_else(|| FsError::NotFound(format!("inode {ino}")))?;
-        Inode::decode(ino, &v)
-    }
-
-    pub async fn block_devices(&self) -> Result<Vec<BlockDevice>, FsError> {
-        let prefix = dirent_prefix(self.nbd_dir);
-        let mut out = Vec::new();
-        for (k, v) in self.engine.kv_scan(&prefix).await? {
-            let name = String::from_utf8_lossy(&k[prefix.len()..]).into_owned();
-            let ino = decode_ino(self.nbd_dir, &v)?;
-            out.push(BlockDevice {
-                name,
-                ino,
-                size_bytes: self.inode(ino).await?.size_bytes,
-            });
-        }
-        Ok(out)
-    }
-
-    pub async fn block_device(&self, name: &str) -> Result<BlockDevice, FsError> {
-        let v = self
-            .engine
-            .kv_get(&dirent_key(self.nbd_dir, name))
-            .await?
-            .ok_or_else(|| FsError::NotFound(format!("block device {name}")))?;
-        let ino = decode_ino(self.nbd_dir, &v)?;
-        Ok(BlockDevice {
-            name: name.to_string(),
-            ino,
-            size_bytes: self.inode(ino).await?.size_bytes,
-        })
-    }
-
-    /// Creates a block device; durable when this returns.
-    pub async fn create_block_device(
-        &self,
-        name: &str,
-        size_bytes: u64,
-    ) -> Result<BlockDevice, FsError> {
-        check_name(name)?;
-        if size_bytes > FILE_SIZE_BYTES_MAX {
-            return Err(FsError::TooLarge(size_bytes));
-        }
-        let _guard = self.namespace.lock().await;
-        if self
-            .engine
-            .kv_get(&dirent_key(self.nbd_dir, name))
-            .await?
-            .is_some()
-        {
-            return Err(FsError::Exists(format!("block device {name}")));
-        }
-        let ino = match self.engine.kv_get(NEXT_INO_KEY).await? {
-            Some(v) => decode_ino(0, &v)?,
-            None => {
-                return Err(FsError::Damaged(
-                    ROOT_INO,
-                    "the inode counter is missing".into(),
-                ))
-            }
-        };
-        let inode = Inode {
-            kind: Kind::File,
-            size_bytes,
-            mode: 0o600,
-            mtime_ns: now_ns(),
-        };
-        let mut txn = Txn::new();
-        txn.expect(dirent_key(self.nbd_dir, name), Expect::Absent)
-            .expect(
-                NEXT_INO_KEY.to_vec(),
-                Expect::Value(ino.to_be_bytes().to_vec()),
-            )
-            .put(inode_key(ino), inode.encode())
-            .put(dirent_key(self.nbd_dir, name), ino.to_be_bytes().to_vec())
-            .put(NEXT_INO_KEY.to_vec(), (ino + 1).to_be_bytes().to_vec());
-        self.engine.commit(&txn).await?;
-        self.sizes.write().insert(ino, size_bytes);
-        self.engine.flush().await?;
-        Ok(BlockDevice {
-            name: name.to_string(),
-            ino,
-            size_bytes,
-        })
-    }
-
-    /// Changes a block device's size; bytes beyond a smaller size are deallocated, and read as
-    /// zeroes if it grows again. Durable when this returns.
-    pub async fn resize_block_device(
-        &self,
-        name: &str,
-        size_bytes: u64,
-    ) -> Result<BlockDevice, FsError> {
-        if size_bytes > FILE_SIZE_BYTES_MAX {
-            return Err(FsError::TooLarge(size_bytes));
-        }
-        let _guard = self.namespace.lock().await;
-        let dev = self.block_device(name).await?;
-        let mut inode = self.inode(dev.ino).await?;
-        let old = inode.encode();
-        let old_size = inode.size_bytes;
-        let shrinks = size_bytes < inode.size_bytes;
-        if shrinks {
-            // Shrink the size first so no write lands beyond it while its extents are dropped.
-            self.sizes.write().insert(dev.ino, size_bytes);
-        }
-        inode.size_bytes = size_bytes;
-        inode.mtime_ns = now_ns();
-        // The new size, the zeroed tail of the last extent and the range deletion beyond it
-        // in one transaction: a crash cannot leave the data dropped and the size unchanged.
-        let mut txn = Txn::new();
-        txn.expect(inode_key(dev.ino), Expect::Value(old));
-        if shrinks {
-            let extent = bucketfs_engine::limits::EXTENT_SIZE_BYTES_U64;
-            let tail_end = size_bytes.div_ceil(extent) * extent;
-            txn.zero(dev.ino, size_bytes, tail_end - size_bytes, true)
-                .drop_extents(dev.ino, size_bytes.div_ceil(extent), u64::MAX);
-        }
-        txn.put(inode_key(dev.ino), inode.encode());
-        if let Err(e) = self.engine.commit(&txn).await {
-            self.sizes.write().insert(dev.ino, old_size);
-            return Err(e.into());
-        }
-        self.sizes.write().insert(dev.ino, size_bytes);
-        self.engine.flush().await?;
-        Ok(BlockDevice { size_bytes, ..dev })
-    }
-
-    /// Deletes a block device and its data; durable when this returns.
-    pub async fn delete_block_device(&self, name: &str) -> Result<(), FsError> {
-        let _guard = self.namespace.lock().await;
-        let dev = self.block_device(name).await?;
-        self.sizes.write().remove(&dev.ino);
-        let mut txn = Txn::new();
-        txn.expect(
-            dirent_key(self.nbd_dir, name),
-            Expect::Value(dev.ino.to_be_bytes().to_vec()),
-        )
-        .drop_extents(dev.ino, 0, u64::MAX)
-        .delete(dirent_key(self.nbd_dir, name))
-        .delete(inode_key(dev.ino));
-        if let Err(e) = self.engine.commit(&txn).await {
-            self.sizes.write().insert(dev.ino, dev.size_bytes);
-            return Err(e.into());
-        }
-        self.engine.flush().await?;
-        Ok(())
-    }
-
-    fn check_range(&self, ino: u64, offset: u64, length: u64) -> Result<(), FsError> {
-        let size = *self
-            .sizes
-            .read()
-            .get(&ino)
-            .ok_or_else(|| FsError::NotFound(format!("inode {ino}")))?;
-        match offset.checked_add(length) {
-            Some(end) if end <= size => Ok(()),
-            _ => Err(FsError::OutOfRange {
-                offset,
-                length,
-                size,
-            }),
-        }
-    }
-
-    pub async fn read(&self, ino: u64, offset: u64, length: usize) -> Result<Vec<u8>, FsError> {
-        self.check_range(ino, offset, length as u64)?;
-        Ok(self.engine.read(ino, offset, length).await?)
-    }
-
-    pub async fn write(&self, ino: u64, offset: u64, data: &[u8]) -> Result<(), FsError> {
-        self.check_range(ino, offset, data.len() as u64)?;
-        Ok(self
-            .engine
-            .write(ino, offset, data.len() as u64, Fill::Data(data))
-            .await?)
-    }
-
-    /// Makes the range read as zeroes, deallocating whole extents when `punch` is set.
-    pub async fn zero(
-        &self,
-        ino: u64,
-        offset: u64,
-        length: u64,
-        punch: bool,
-    ) -> Result<(), FsError> {
-        self.check_range(ino, offset, length)?;
-        Ok(self
-            .engine
-            .write(ino, offset, length, Fill::Zeroes { punch })
-            .await?)
-    }
-
-    pub async fn allocation(
-        &self,
-        ino: u64,
-        offset: u64,
-        length: u64,
-    ) -> Result<Vec<(u64, bool)>, FsError> {
-        self.check_range(ino, offset, length)?;
-        Ok(self.engine.allocation(ino, offset, length).await?)
-    }
-
-    /// The flush barrier: every earlier write, from any client, is durable when this returns.
-    pub async fn sync(&self) -> Result<(), FsError> {
-        Ok(self.engine.flush().await?)
-    }
 }
 
 fn decode_ino(owner: u64, v: &[u8]) -> Result<u64, FsError> {
@@ -402,74 +128,342 @@ fn decode_ino(owner: u64, v: &[u8]) -> Result<u64, FsError> {
     Ok(u64::from_be_bytes(b))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use bucketfs_engine::bucket::{open_url, SharedBucket};
-    use bucketfs_engine::{EngineOptions, TaskSet};
+pub struct Fs {
+    engine: Engine,
+    /// A read-only open of a layout-1 bucket (names in keys): lookups use its keys.
+    legacy: bool,
+    nbd_dir: u64,
+    /// Sizes of block devices, checked on every NBD request without a key-value lookup.
+    sizes: RwLock<HashMap<u64, u64>>,
+    locks: locks::LockTable,
+    /// Reserved inode numbers not yet handed out: next, end.
+    inos: tokio::sync::Mutex<(u64, u64)>,
+    /// Serialises renames of directories to another parent, so that two of them cannot each
+    /// pass the check that they do not move a directory under itself, and together do.
+    dir_moves: tokio::sync::Mutex<()>,
+    /// Open handles per inode: an unlinked inode keeps its data until the last one closes.
+    open_files: Mutex<HashMap<u64, u32>>,
+}
 
-    /// Opens the filesystem as a new process would; returns the tasks its engine starts.
-    async fn open(bucket: &SharedBucket) -> (Fs, TaskSet) {
-        let opts = EngineOptions::for_tests("pw");
-        let tasks = opts.tasks.clone();
-        let engine = Engine::open(bucket.clone(), opts).await.unwrap();
-        (Fs::open(engine).await.unwrap(), tasks)
+impl Fs {
+    /// Opens the filesystem: creates `/` and `/.nbd/` in a new bucket, migrates a layout-1
+    /// bucket, and deletes what inodes unlinked while open left behind a crash.
+    pub async fn open(engine: Engine) -> Result<Fs, FsError> {
+        let writable = !engine.read_only();
+        let has_root = engine.kv_get(&keys::inode(ROOT_INO)).await?.is_some();
+        let layout = engine.kv_get(keys::LAYOUT).await?;
+        if !has_root && writable {
+            Fs::format(&engine).await?;
+        } else if has_root && layout.is_none() && writable {
+            Fs::migrate_layout_1(&engine).await?;
+        }
+        let legacy = has_root && layout.is_none() && !writable;
+        let mut fs = Fs {
+            engine,
+            legacy,
+            nbd_dir: 0,
+            sizes: RwLock::default(),
+            locks: locks::LockTable::default(),
+            inos: tokio::sync::Mutex::new((0, 0)),
+            dir_moves: tokio::sync::Mutex::new(()),
+            open_files: Mutex::default(),
+        };
+        fs.nbd_dir = match fs.lookup_entry(ROOT_INO, NBD_DIR_NAME.as_bytes()).await? {
+            Some(e) => e.ino,
+            // A read-only open of a bucket whose first writer never got this far.
+            None => return Err(FsError::NotFound("/.nbd".into())),
+        };
+        if writable {
+            fs.delete_orphans().await?;
+        }
+        let devices = fs.block_devices().await?;
+        fs.sizes
+            .write()
+            .extend(devices.iter().map(|d| (d.ino, d.size_bytes)));
+        Ok(fs)
     }
 
-    /// Stops the process: every task its engine started, then the engine.
-    async fn crash(fs: Fs, tasks: TaskSet) {
-        drop(fs);
-        tasks.stop_all().await;
+    async fn format(engine: &Engine) -> Result<(), FsError> {
+        let now = Time::now();
+        let mut root = Inode::new(ROOT_INO, S_IFDIR | 0o755, 0, 0, now);
+        root.parent = ROOT_INO;
+        root.nlink = 3;
+        let nbd_ino = ROOT_INO + 1;
+        let mut nbd = Inode::new(nbd_ino, S_IFDIR | 0o700, 0, 0, now);
+        nbd.parent = ROOT_INO;
+        let name = NBD_DIR_NAME.as_bytes();
+        let cookie = dir::cookie_of(engine.name_hash(ROOT_INO, name));
+        let entry = Entry {
+            name: name.to_vec(),
+            ino: nbd_ino,
+            kind: Kind::Directory,
+        };
+        let mut txn = Txn::new();
+        txn.expect(keys::inode(ROOT_INO), Expect::Absent)
+            .put(keys::inode(ROOT_INO), root.encode())
+            .put(keys::inode(nbd_ino), nbd.encode())
+            .put(keys::dirent(ROOT_INO, cookie), dir::encode_bucket(&[entry]))
+            .put(
+                keys::NEXT_INO.to_vec(),
+                (nbd_ino + 1).to_be_bytes().to_vec(),
+            )
+            .put(keys::LAYOUT.to_vec(), vec![LAYOUT_VERSION]);
+        engine.commit(&txn).await?;
+        engine.flush().await?;
+        Ok(())
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn block_devices_are_created_resized_and_deleted_durably() {
-        let bucket: SharedBucket = open_url("memory://", &Vec::new()).unwrap();
-        let (fs, tasks) = open(&bucket).await;
-        let d = fs.create_block_device("disk1", 1 << 20).await.unwrap();
-        assert!(matches!(
-            fs.create_block_device("disk1", 1).await,
-            Err(FsError::Exists(_))
-        ));
-        assert!(matches!(
-            fs.create_block_device("a/b", 1).await,
-            Err(FsError::InvalidName(_))
-        ));
-        fs.write(d.ino, 100_000, &[7; 5000]).await.unwrap();
-        assert!(matches!(
-            fs.write(d.ino, (1 << 20) - 10, &[1; 11]).await,
-            Err(FsError::OutOfRange { .. })
-        ));
-        fs.resize_block_device("disk1", 102_000).await.unwrap();
-        fs.resize_block_device("disk1", 1 << 20).await.unwrap();
-        let back = fs.read(d.ino, 100_000, 5000).await.unwrap();
-        assert_eq!(&back[..2000], &[7; 2000][..]);
-        assert_eq!(
-            &back[2000..],
-            &[0; 3000][..],
-            "bytes cut by a shrink read as zeroes after growing"
+    /// Layout 1 kept names in keys (`d` + parent + name) and 21-byte inode records, and held
+    /// only `/`, `/.nbd/` and block devices: a few pairs, rewritten in one transaction.
+    async fn migrate_layout_1(engine: &Engine) -> Result<(), FsError> {
+        let old = engine.kv_scan(keys::LEGACY_DIRENT_PREFIX).await?;
+        let mut txn = Txn::new();
+        txn.expect(keys::LAYOUT.to_vec(), Expect::Absent);
+        let mut buckets: HashMap<(u64, u64), Vec<Entry>> = HashMap::new();
+        let mut dirs: HashMap<u64, (u64, u32)> = HashMap::from([(ROOT_INO, (ROOT_INO, 2))]);
+        for (k, v) in &old {
+            let parent = keys::ino_of(k).ok_or_else(|| {
+                FsError::Damaged(ROOT_INO, "a layout-1 directory entry is malformed".into())
+            })?;
+            let name = k[9..].to_vec();
+            let ino = decode_ino(parent, v)?;
+            let raw = engine.kv_get(&keys::inode(ino)).await?;
+            let child = Inode::decode(ino, raw.as_deref().unwrap_or_default())?;
+            if child.is_dir() {
+                dirs.entry(ino).or_insert((parent, 2)).0 = parent;
+                dirs.entry(parent).or_insert((parent, 2)).1 += 1;
+            }
+            let cookie = dir::cookie_of(engine.name_hash(parent, &name));
+            buckets.entry((parent, cookie)).or_default().push(Entry {
+                name,
+                ino,
+                kind: child.kind(),
+            });
+            txn.delete(k.clone());
+        }
+        for ((parent, cookie), entries) in &buckets {
+            txn.put(keys::dirent(*parent, *cookie), dir::encode_bucket(entries));
+        }
+        for (ino, (parent, nlink)) in dirs {
+            let raw = engine.kv_get(&keys::inode(ino)).await?;
+            let mut d = Inode::decode(ino, raw.as_deref().unwrap_or_default())?;
+            d.parent = parent;
+            d.nlink = nlink;
+            txn.put(keys::inode(ino), d.encode());
+        }
+        txn.put(keys::LAYOUT.to_vec(), vec![LAYOUT_VERSION]);
+        engine.commit(&txn).await?;
+        engine.flush().await?;
+        tracing::info!(
+            entries = old.len(),
+            "migrated the filesystem from layout 1 to layout {LAYOUT_VERSION}"
         );
-        fs.create_block_device("disk2", 4096).await.unwrap();
-        crash(fs, tasks).await;
-        let (fs, tasks) = open(&bucket).await;
-        let names: Vec<_> = fs
-            .block_devices()
-            .await
-            .unwrap()
+        Ok(())
+    }
+
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    pub async fn getattr(&self, ino: u64) -> Result<Inode, FsError> {
+        let v = self
+            .engine
+            .kv_get(&keys::inode(ino))
+            .await?
+            .ok_or_else(|| FsError::NotFound(format!("inode {ino}")))?;
+        Inode::decode(ino, &v)
+    }
+
+    fn cookie(&self, dir: u64, name: &[u8]) -> u64 {
+        dir::cookie_of(self.engine.name_hash(dir, name))
+    }
+
+    /// The entry `name` of directory `dir`, without permission checks.
+    async fn lookup_entry(&self, dir: u64, name: &[u8]) -> Result<Option<Entry>, FsError> {
+        if self.legacy {
+            let Some(v) = self.engine.kv_get(&keys::legacy_dirent(dir, name)).await? else {
+                return Ok(None);
+            };
+            let ino = decode_ino(dir, &v)?;
+            let kind = self.getattr(ino).await?.kind();
+            return Ok(Some(Entry {
+                name: name.to_vec(),
+                ino,
+                kind,
+            }));
+        }
+        let cookie = self.cookie(dir, name);
+        let Some(v) = self.engine.kv_get(&keys::dirent(dir, cookie)).await? else {
+            return Ok(None);
+        };
+        Ok(dir::decode_bucket(dir, cookie, &v)?
             .into_iter()
-            .map(|d| (d.name, d.size_bytes))
-            .collect();
-        assert_eq!(
-            names,
-            vec![("disk1".to_string(), 1 << 20), ("disk2".to_string(), 4096)]
-        );
-        fs.delete_block_device("disk1").await.unwrap();
-        assert!(matches!(
-            fs.block_device("disk1").await,
-            Err(FsError::NotFound(_))
-        ));
-        crash(fs, tasks).await;
-        let (fs, _tasks) = open(&bucket).await;
-        assert_eq!(fs.block_devices().await.unwrap().len(), 1);
+            .find(|e| e.name == name))
+    }
+
+    /// Looks `name` up in `dir`, which the caller must be allowed to search. `.` and `..` name
+    /// the directory and its parent.
+    pub async fn lookup(&self, caller: &Caller, dir: u64, name: &[u8]) -> Result<Inode, FsError> {
+        let d = self.getattr(dir).await?;
+        if !d.is_dir() {
+            return Err(FsError::NotDir);
+        }
+        caller.check(&d, MAY_EXEC)?;
+        match name {
+            b"." => return Ok(d),
+            b".." => return self.getattr(d.parent.max(ROOT_INO)).await,
+            _ => check_name(name)?,
+        }
+        match self.lookup_entry(dir, name).await? {
+            Some(e) => self.getattr(e.ino).await,
+            None => Err(FsError::NotFound(
+                String::from_utf8_lossy(name).into_owned(),
+            )),
+        }
+    }
+
+    /// Up to `limit` entries of `dir` after the offset `after` (0: from the start; then the
+    /// cookie of the last entry returned). `.` and `..` come first, at offsets 1 and 2.
+    pub async fn readdir(
+        &self,
+        caller: &Caller,
+        dir: u64,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<DirEntry>, FsError> {
+        let d = self.getattr(dir).await?;
+        if !d.is_dir() {
+            return Err(FsError::NotDir);
+        }
+        caller.check(&d, MAY_READ)?;
+        let mut out = Vec::new();
+        for (cookie, name, ino) in [(1, &b"."[..], dir), (2, &b".."[..], d.parent.max(1))] {
+            if after < cookie && out.len() < limit {
+                out.push(DirEntry {
+                    name: name.to_vec(),
+                    ino,
+                    kind: Kind::Directory,
+                    cookie,
+                });
+            }
+        }
+        if out.len() < limit {
+            let from = after.max(FIRST_COOKIE - 1) + 1;
+            out.extend(self.entries_from(dir, from, limit - out.len()).await?);
+        }
+        Ok(out)
+    }
+
+    /// Entries of `dir` with a cookie of at least `from`: whole cookie buckets, so at times a
+    /// few more than `limit`, never a bucket split (the next call resumes after its cookie).
+    async fn entries_from(
+        &self,
+        dir: u64,
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<DirEntry>, FsError> {
+        let mut out = Vec::new();
+        if self.legacy {
+            let prefix = keys::legacy_dirent(dir, b"");
+            for (i, (k, v)) in self.engine.kv_scan(&prefix).await?.into_iter().enumerate() {
+                let cookie = FIRST_COOKIE + i as u64;
+                if cookie >= from && out.len() < limit {
+                    let ino = decode_ino(dir, &v)?;
+                    out.push(DirEntry {
+                        name: k[prefix.len()..].to_vec(),
+                        ino,
+                        kind: self.getattr(ino).await?.kind(),
+                        cookie,
+                    });
+                }
+            }
+            return Ok(out);
+        }
+        let start = keys::dirent(dir, from);
+        let end = bucketfs_engine::prefix_end(&keys::dirent_prefix(dir));
+        for (k, v) in self.engine.kv_range(&start, end.as_deref(), limit).await? {
+            let cookie = keys::second_of(&k)
+                .ok_or_else(|| FsError::Damaged(dir, "a directory entry key is short".into()))?;
+            for e in dir::decode_bucket(dir, cookie, &v)? {
+                out.push(DirEntry {
+                    name: e.name,
+                    ino: e.ino,
+                    kind: e.kind,
+                    cookie,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    async fn dir_is_empty(&self, dir: u64) -> Result<bool, FsError> {
+        let start = keys::dirent_prefix(dir);
+        let end = bucketfs_engine::prefix_end(&start);
+        Ok(self
+            .engine
+            .kv_range(&start, end.as_deref(), 1)
+            .await?
+            .is_empty())
+    }
+
+    /// A fresh inode number: from the reserved range, or after reserving the next one.
+    async fn next_ino(&self) -> Result<u64, FsError> {
+        let mut inos = self.inos.lock().await;
+        if inos.0 == inos.1 {
+            let v = self.engine.kv_get(keys::NEXT_INO).await?;
+            let next = decode_ino(ROOT_INO, v.as_deref().unwrap_or_default())?;
+            let end = next + INO_RESERVE_COUNT;
+            let mut txn = Txn::new();
+            txn.expect(
+                keys::NEXT_INO.to_vec(),
+                Expect::Value(next.to_be_bytes().to_vec()),
+            )
+            .put(keys::NEXT_INO.to_vec(), end.to_be_bytes().to_vec());
+            self.engine.commit(&txn).await?;
+            *inos = (next, end);
+        }
+        inos.0 += 1;
+        Ok(inos.0 - 1)
+    }
+
+    /// Deletes the inodes that were unlinked while open when the last writer stopped.
+    async fn delete_orphans(&self) -> Result<(), FsError> {
+        let orphans = self.engine.kv_scan(keys::ORPHAN_PREFIX).await?;
+        for (k, _) in &orphans {
+            let ino = keys::ino_of(k)
+                .ok_or_else(|| FsError::Damaged(ROOT_INO, "an orphan key is short".into()))?;
+            self.delete_if_unlinked(ino).await?;
+        }
+        if !orphans.is_empty() {
+            tracing::info!(
+                count = orphans.len(),
+                "deleted files unlinked while open before the last stop"
+            );
+            self.engine.flush().await?;
+        }
+        Ok(())
+    }
+
+    /// Deletes the inode if no name and no open handle refers to it any more.
+    async fn delete_if_unlinked(&self, ino: u64) -> Result<(), FsError> {
+        let _held = self.locks.lock(&[ino]).await;
+        if self.open_files.lock().contains_key(&ino) {
+            return Ok(());
+        }
+        let mut c = Change::new(self);
+        match c.inode(ino).await {
+            Ok(i) if i.nlink > 0 => c.set_value(keys::orphan(ino), None),
+            Ok(_) | Err(FsError::NotFound(_)) => c.delete_inode(ino),
+            Err(e) => return Err(e),
+        }
+        c.commit().await
+    }
+
+    /// The flush barrier: every earlier change, from any client, is durable when this returns.
+    pub async fn sync(&self) -> Result<(), FsError> {
+        Ok(self.engine.flush().await?)
     }
 }
+
+#[cfg(test)]
+mod tests;

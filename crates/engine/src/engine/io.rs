@@ -453,6 +453,12 @@ impl Engine {
         Ok(())
     }
 
+    /// The keyed hash that stands for `name` in a metadata key (`Sealer::name_hash`): stable
+    /// for the bucket's data key, unguessable without it.
+    pub fn name_hash(&self, scope: u64, name: &[u8]) -> u64 {
+        self.inner.sealer.name_hash(scope, name)
+    }
+
     pub async fn kv_get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, EngineError> {
         self.ride_out_reads(|| self.kv_get_current(key)).await
     }
