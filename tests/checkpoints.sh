@@ -57,7 +57,7 @@ run_case() {
     reader_config="$CASE_DIR/reader.toml"
     local reader_nbd
     reader_nbd="$(pick_unused_port)"
-    sed -e "s/127.0.0.1:$NBD_PORT/127.0.0.1:$reader_nbd/" "$CONFIG" >"$reader_config"
+    sed -e "s/127.0.0.1:$NBD_PORT/127.0.0.1:$reader_nbd/" -e "s/127.0.0.1:$NINEP_PORT/127.0.0.1:$(pick_unused_port)/" "$CONFIG" >"$reader_config"
     # Its own admin socket: the default one is in the cache directory it shares with the writer.
     config_set "$reader_config" admin socket "\"$CASE_DIR/reader-admin.sock\""
     "$BUCKETFS" run -c "$reader_config" --checkpoint before-b >"$CASE_DIR/reader.log" 2>&1 &

@@ -5,7 +5,7 @@ set -euo pipefail
 # shellcheck source=tests/lib.sh
 source "$(dirname "$0")/lib.sh"
 
-requires qemu-io nbdinfo
+requires qemu-io nbdinfo diodls
 
 OLD_PASSWORD="old-password-$$"
 NEW_PASSWORD="new password with spaces $$"
@@ -15,7 +15,8 @@ NEW_PASSWORD="new password with spaces $$"
 adapt_init_config() {
     local cfg="$1"
     NBD_PORT="$(pick_unused_port)"
-    export NBD_PORT
+    NINEP_PORT="$(pick_unused_port)"
+    export NBD_PORT NINEP_PORT
     CONFIG="$cfg"
     CONFIG_DIR="$(dirname "$cfg")"
     CACHE_DIR="$CONFIG_DIR/cache"
@@ -37,6 +38,7 @@ adapt_init_config() {
     config_set "$cfg" storage url "\"$BUCKET_URL\""
     config_set "$cfg" cache dir "\"$CACHE_DIR\""
     config_set "$cfg" servers.nbd listen "[\"127.0.0.1:$NBD_PORT\"]"
+    config_set "$cfg" servers.ninep listen "[\"127.0.0.1:$NINEP_PORT\"]"
     # A literal password in the generated file would win over the environment; a reference
     # to ${BUCKETFS_PASSWORD} is what we want.
     # shellcheck disable=SC2016 # a literal ${...}, not an expansion
@@ -138,9 +140,9 @@ check_change_password() {
 }
 
 check_embedded_default() {
-    local dir="$CASE_DIR/default" pid i ok=0
-    if _port_open 10809; then
-        log "note: port 10809 is in use here; embedded-default check skipped"
+    local dir="$CASE_DIR/default" pid i ok=0 out
+    if _port_open 10809 || _port_open 5564; then
+        log "note: port 10809 or 5564 is in use here; embedded-default check skipped"
         return 0
     fi
     log "bucketfs run without a config (embedded default)"
@@ -162,6 +164,10 @@ check_embedded_default() {
     (cd "$dir" && timeout 30 "$BUCKETFS" nbd create dflt --size 64M >/dev/null) ||
         die "nbd create against the embedded default failed"
     timeout 30 nbdinfo nbd://127.0.0.1:10809/dflt >/dev/null || die "nbdinfo on the default port failed"
+    # The same filesystem over 9P on its default port: the device is a file of /.nbd.
+    out="$(timeout 30 diodls -s 127.0.0.1:5564 -a /.nbd -l . 2>&1)" ||
+        die "diodls on the embedded default's 9P port failed: $out"
+    grep -qE ' 67108864 .* dflt$' <<<"$out" || die "diodls does not show dflt as a 64 MiB file: $out"
     kill -TERM "$pid"
     wait "$pid" || die "bucketfs run (embedded default) did not exit 0 on SIGTERM"
     [[ -d "$dir/bucketfs-data" ]] || die "embedded default did not keep its bucket in ./bucketfs-data"

@@ -321,8 +321,9 @@ make_config() {
     CONFIG="$dir/bucketfs.toml"
     CACHE_DIR="$dir/cache"
     NBD_PORT="$(pick_unused_port)"
+    NINEP_PORT="$(pick_unused_port)"
     ADMIN_SOCKET="$CACHE_DIR/admin.sock"
-    export NBD_PORT
+    export NBD_PORT NINEP_PORT
     BUCKET_DIR=""
     S3_PREFIX=""
     case "$kind" in
@@ -371,6 +372,9 @@ make_config() {
         echo
         echo "[servers.nbd]"
         echo "listen = [\"127.0.0.1:$NBD_PORT\"]"
+        echo
+        echo "[servers.ninep]"
+        echo "listen = [\"127.0.0.1:$NINEP_PORT\"]"
     } >"$CONFIG"
 }
 

@@ -131,7 +131,7 @@ run_case() {
     reader_config="$CASE_DIR/reader/bucketfs.toml"
     reader_nbd=$(pick_unused_port)
     mkdir -p "$CASE_DIR/reader"
-    sed -e "s/127.0.0.1:$NBD_PORT/127.0.0.1:$reader_nbd/" "$CONFIG" >"$reader_config"
+    sed -e "s/127.0.0.1:$NBD_PORT/127.0.0.1:$reader_nbd/" -e "s/127.0.0.1:$NINEP_PORT/127.0.0.1:$(pick_unused_port)/" "$CONFIG" >"$reader_config"
     # Its own cache directory: a server empties its cache directory when it starts (and keeps
     # its admin socket there).
     config_set "$reader_config" cache dir "\"$CASE_DIR/reader/cache\""

@@ -162,6 +162,31 @@ pub async fn run(
             }
         });
     }
+    let ninep = bucketfs_ninep::Server::new(fs.clone());
+    for addr in &cfg.servers.ninep.listen {
+        let l = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| format!("servers.ninep.listen {addr}: {e}"))?;
+        tracing::info!(%addr, "serving 9P2000.L");
+        let server = ninep.clone();
+        tokio::spawn(async move {
+            if let Err(e) = server.serve_tcp(l).await {
+                tracing::error!(error = %e, "9P TCP server stopped");
+            }
+        });
+    }
+    if let Some(path) = &cfg.servers.ninep.unix_socket {
+        let _ = std::fs::remove_file(path);
+        let l = tokio::net::UnixListener::bind(path)
+            .map_err(|e| format!("servers.ninep.unix_socket {}: {e}", path.display()))?;
+        tracing::info!(path = %path.display(), "serving 9P2000.L on a unix socket");
+        let server = ninep.clone();
+        tokio::spawn(async move {
+            if let Err(e) = server.serve_unix(l).await {
+                tracing::error!(error = %e, "9P unix-socket server stopped");
+            }
+        });
+    }
     let read_only = engine.read_only();
     tracing::info!(url = %cfg.storage.url, admin = %admin_socket.display(), read_only, checkpoint = checkpoint.unwrap_or(""), "bucketfs is serving");
 

@@ -21,15 +21,17 @@ mod xattr;
 pub use blockdev::BlockDevice;
 pub use dir::{DirEntry, FIRST_COOKIE};
 pub use file::SetAttr;
-pub use inode::{Inode, Kind, Time};
+pub use inode::{
+    Inode, Kind, Time, S_IFBLK, S_IFCHR, S_IFDIR, S_IFIFO, S_IFLNK, S_IFMT, S_IFREG, S_IFSOCK,
+    S_ISGID, S_ISUID, S_ISVTX,
+};
 pub use namespace::RenameFlags;
 pub use perm::{Caller, MAY_EXEC, MAY_READ, MAY_WRITE};
-pub use xattr::XattrMode;
+pub use xattr::{XattrMode, XATTR_VALUE_BYTES_MAX};
 
 use bucketfs_engine::{Engine, EngineError, Expect, Txn};
 use change::Change;
 use dir::Entry;
-use inode::S_IFDIR;
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
 
@@ -44,6 +46,11 @@ pub const FILE_SIZE_BYTES_MAX: u64 = 1 << 60;
 /// Inode numbers reserved per counter update, so that creates in different directories do not
 /// all wait on the counter; a crash forgets at most this many unused numbers.
 const INO_RESERVE_COUNT: u64 = 1024;
+/// What statfs reports as the size of a filesystem without a quota: the bucket is bottomless,
+/// and tools divide by this, so it is large but far from overflowing anything (1 PiB).
+const UNLIMITED_BYTES: u64 = 1 << 50;
+/// statfs's block size.
+const STATFS_BLOCK_BYTES: u64 = 4096;
 /// The layout this build writes (keys::LAYOUT).
 const LAYOUT_VERSION: u8 = 2;
 
@@ -126,6 +133,15 @@ fn decode_ino(owner: u64, v: &[u8]) -> Result<u64, FsError> {
         .try_into()
         .map_err(|_| FsError::Damaged(owner, "inode number has the wrong length".into()))?;
     Ok(u64::from_be_bytes(b))
+}
+
+/// What statfs answers, in `STATFS_BLOCK_BYTES` blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StatFs {
+    pub blocks: u64,
+    pub blocks_free: u64,
+    pub files: u64,
+    pub files_free: u64,
 }
 
 pub struct Fs {
@@ -457,6 +473,19 @@ impl Fs {
             Err(e) => return Err(e),
         }
         c.commit().await
+    }
+
+    /// Sizes for statfs: data bytes in use are the live extents (whole 8 KiB extents, before
+    /// compression), against the bucket's nominal size. Inode counts are not limited.
+    pub fn statfs(&self) -> StatFs {
+        let used = self.engine.stats().extents * bucketfs_engine::limits::EXTENT_SIZE_BYTES_U64;
+        let total = UNLIMITED_BYTES.max(used);
+        StatFs {
+            blocks: total / STATFS_BLOCK_BYTES,
+            blocks_free: (total - used) / STATFS_BLOCK_BYTES,
+            files: u64::MAX >> 1,
+            files_free: u64::MAX >> 1,
+        }
     }
 
     /// The flush barrier: every earlier change, from any client, is durable when this returns.

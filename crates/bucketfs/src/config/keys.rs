@@ -303,6 +303,24 @@ const DECLARED: &[Key] = &[
          whose name is not listed sees none (so {} admits nobody), and a device it may not use \
          is answered as if it did not exist. Unset: every client may use every block device.",
     ),
+    // 9P has no authentication of its own (a client names its uid at attach), so by default
+    // it listens on loopback only. 564 is 9P's registered port; 5564 needs no privilege.
+    key(
+        "servers.ninep.listen",
+        Each(check_socket_address),
+        default("[\"127.0.0.1:5564\"]"),
+        "TCP addresses of the 9P2000.L server (the POSIX filesystem, for `bucketfs mount` and \
+         Linux's v9fs); [] turns TCP off. 9P has no authentication: a client names the uid it \
+         acts as, so anyone who can connect can act as any user, root included. Keep it on \
+         loopback unless the network is trusted; bucketfs warns at start when it is not.",
+    ),
+    key(
+        "servers.ninep.unix_socket",
+        One(check_unix_socket),
+        Example("\"/run/bucketfs/9p.sock\""),
+        "Unix socket of the 9P server, where file permissions control who may connect; unset \
+         means none.",
+    ),
     // A unix socket by default, where the file mode is the access control: the admin endpoint
     // can delete block devices.
     key(

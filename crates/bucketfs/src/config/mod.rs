@@ -124,6 +124,15 @@ pub struct AzureConfig {
 #[serde(deny_unknown_fields)]
 pub struct ServersConfig {
     pub nbd: NbdServerConfig,
+    pub ninep: NinepServerConfig,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NinepServerConfig {
+    /// Empty means no TCP listener.
+    pub listen: Vec<SocketAddr>,
+    pub unix_socket: Option<PathBuf>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
@@ -320,6 +329,18 @@ impl Config {
                 ));
             }
         }
+        for address in self
+            .servers
+            .ninep
+            .listen
+            .iter()
+            .filter(|a| !a.ip().is_loopback())
+        {
+            warnings.push(format!(
+                "servers.ninep.listen: {address} is not a loopback address, and 9P has no \
+                 authentication: anyone who can reach it can act as any user, root included"
+            ));
+        }
         if let Some(address) = self.admin.listen.filter(|a| !a.ip().is_loopback()) {
             warnings.push(format!(
                 "admin.listen: {address} is not a loopback address, and the admin token \
@@ -353,7 +374,30 @@ impl Config {
                 ));
             }
         }
+        let ninep = &self.servers.ninep.listen;
+        for (index, address) in ninep.iter().enumerate() {
+            let clash = ninep[..index]
+                .iter()
+                .map(|a| (a, "listed before it"))
+                .chain(listen.iter().map(|a| (a, "in servers.nbd.listen")))
+                .find(|(a, _)| addresses_clash(a, address));
+            if let Some((earlier, where_)) = clash {
+                return Err(invalid(
+                    "servers.ninep.listen",
+                    format!("{address} clashes with {earlier}, {where_}"),
+                ));
+            }
+        }
         if let Some(admin) = self.admin.listen {
+            if let Some(ninep) = ninep.iter().find(|a| addresses_clash(a, &admin)) {
+                return Err(invalid(
+                    "admin.listen",
+                    format!(
+                        "{admin} clashes with {ninep} in servers.ninep.listen; give the admin \
+                         endpoint a port of its own"
+                    ),
+                ));
+            }
             if let Some(nbd) = listen.iter().find(|a| addresses_clash(a, &admin)) {
                 return Err(invalid(
                     "admin.listen",

@@ -144,7 +144,7 @@ fn init_template_lists_every_key_and_its_examples_are_valid() {
         .iter()
         .filter(|leaf| !leaf.starts_with("tuning."))
         .count();
-    assert_eq!(untuned, 32);
+    assert_eq!(untuned, 34);
     for leaf in leaves {
         assert!(lookup(&table, leaf).is_some(), "the template lacks {leaf}");
     }
@@ -257,6 +257,9 @@ fn full_file_sets_every_field() {
         tls_key = "/etc/bucketfs/key.pem"
         tls_client_ca = "/etc/bucketfs/ca.pem"
         allow = { "CN=alice" = ["disk1", "disk2"], "CN=backup" = ["*"] }
+        [servers.ninep]
+        listen = ["127.0.0.1:20564"]
+        unix_socket = "/tmp/9p.sock"
         [admin]
         socket = "/tmp/admin.sock"
         listen = "[::1]:20810"
@@ -322,6 +325,10 @@ fn full_file_sets_every_field() {
                     ),
                     ("CN=backup".to_string(), vec!["*".to_string()]),
                 ])),
+            },
+            ninep: NinepServerConfig {
+                listen: vec!["127.0.0.1:20564".parse().unwrap()],
+                unix_socket: Some(PathBuf::from("/tmp/9p.sock")),
             },
         },
         admin: AdminConfig {
@@ -446,7 +453,7 @@ fn unknown_nested_key_is_named_with_its_dotted_path() {
     );
     assert_eq!(
         error("[servers.nfs]\nlisten = []\n"),
-        "bucketfs.toml: unknown key `servers.nfs` (expected one of: nbd)"
+        "bucketfs.toml: unknown key `servers.nfs` (expected one of: nbd, ninep)"
     );
     assert_eq!(
         error("[servers.nbd]\nlisten = []\nexport = \"x\"\n"),
