@@ -3,6 +3,7 @@
 
 mod admin;
 mod exports;
+mod mount;
 mod run;
 mod tls;
 
@@ -57,6 +58,18 @@ enum Command {
     /// Manage block devices (the files of /.nbd/) on the running server.
     #[command(subcommand)]
     Nbd(NbdCommand),
+    /// Mount a 9P2000.L server's filesystem on DIR with FUSE (bucketfs's, or any other such
+    /// as diod's), until SIGINT or SIGTERM. ADDR is HOST:PORT or the path of a unix socket.
+    Mount {
+        addr: String,
+        dir: PathBuf,
+        /// The tree to mount (9P's aname): a path in the server's filesystem.
+        #[arg(long, default_value = "/")]
+        aname: String,
+        /// Let users other than the one mounting use it (each acts as itself on the server).
+        #[arg(long)]
+        allow_other: bool,
+    },
     /// Print the running server's counters as JSON.
     Status {
         #[arg(short, long)]
@@ -364,6 +377,12 @@ fn main() -> ExitCode {
             Command::Nbd(NbdCommand::Delete { name, config }) => {
                 admin_call(config.as_ref(), admin::Request::Delete { name }).await
             }
+            Command::Mount {
+                addr,
+                dir,
+                aname,
+                allow_other,
+            } => mount::mount(&addr, &dir, &aname, allow_other).await,
             Command::Status { config } => admin_call(config.as_ref(), admin::Request::Status).await,
             Command::ChangePassword { config } => change_password(config.as_ref()).await,
             Command::Fsck {

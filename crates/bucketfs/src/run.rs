@@ -203,7 +203,7 @@ pub async fn run(
     Ok(())
 }
 
-async fn wait_for_shutdown() {
+pub(crate) async fn wait_for_shutdown() {
     use tokio::signal::unix::{signal, SignalKind};
     match signal(SignalKind::terminate()) {
         Ok(mut term) => {

@@ -1,0 +1,561 @@
+//! A synchronous 9P2000.L client: one request in flight at a time over TCP or a unix socket.
+//! `bucketfs mount` drives it from FUSE's request loop, which hands it one request at a time.
+//! Every failure is an errno: the server's (Rlerror), or EIO when the connection breaks.
+
+use crate::wire::{Qid, HEADER_BYTES, P9_NOFID, TLERROR_RLERROR};
+use std::io::{self, Read, Write};
+use std::net::TcpStream;
+use std::os::unix::net::UnixStream;
+
+/// A result whose error is a Linux errno.
+pub type Res<T> = Result<T, i32>;
+
+trait Stream: Read + Write + Send {}
+impl<T: Read + Write + Send> Stream for T {}
+
+/// What Rgetattr answers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Attr {
+    pub qid: Qid,
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub nlink: u64,
+    pub rdev: u64,
+    pub size: u64,
+    pub blksize: u64,
+    pub blocks: u64,
+    pub atime: (u64, u64),
+    pub mtime: (u64, u64),
+    pub ctime: (u64, u64),
+    pub btime: (u64, u64),
+    pub generation: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirEntry {
+    pub qid: Qid,
+    /// Where the next readdir resumes after this entry.
+    pub offset: u64,
+    pub kind: u8,
+    pub name: Vec<u8>,
+}
+
+/// What Rstatfs answers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StatFs {
+    pub bsize: u32,
+    pub blocks: u64,
+    pub bfree: u64,
+    pub bavail: u64,
+    pub files: u64,
+    pub ffree: u64,
+    pub namelen: u32,
+}
+
+/// Tsetattr's fields; `valid` says which apply (P9_SETATTR_* bits).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SetAttr {
+    pub valid: u32,
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub size: u64,
+    pub atime: (u64, u64),
+    pub mtime: (u64, u64),
+}
+
+pub struct Client {
+    stream: Box<dyn Stream>,
+    /// The socket's descriptor, to see whether the server hung up between requests.
+    fd: std::os::fd::RawFd,
+    msize: u32,
+    tag: u16,
+    next_fid: u32,
+    free_fids: Vec<u32>,
+}
+
+/// A request body under construction.
+#[derive(Default)]
+struct Body(Vec<u8>);
+
+impl Body {
+    fn u16(mut self, v: u16) -> Body {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    fn u32(mut self, v: u32) -> Body {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    fn u64(mut self, v: u64) -> Body {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    fn s(mut self, v: &[u8]) -> Body {
+        let n = u16::try_from(v.len()).unwrap_or(u16::MAX);
+        self.0.extend_from_slice(&n.to_le_bytes());
+        self.0.extend_from_slice(&v[..usize::from(n)]);
+        self
+    }
+    fn raw(mut self, v: &[u8]) -> Body {
+        self.0.extend_from_slice(v);
+        self
+    }
+}
+
+/// Reads a reply body; a short one is EIO (the server broke the protocol).
+struct Parse {
+    b: Vec<u8>,
+    at: usize,
+}
+
+impl Parse {
+    fn new(b: Vec<u8>) -> Parse {
+        Parse { b, at: 0 }
+    }
+    fn is_empty(&self) -> bool {
+        self.at == self.b.len()
+    }
+    fn take(&mut self, n: usize) -> Res<&[u8]> {
+        if self.b.len() - self.at < n {
+            return Err(libc::EIO);
+        }
+        self.at += n;
+        Ok(&self.b[self.at - n..self.at])
+    }
+    fn u8(&mut self) -> Res<u8> {
+        Ok(self.take(1)?[0])
+    }
+    fn u16(&mut self) -> Res<u16> {
+        Ok(u16::from_le_bytes(self.take(2)?.try_into().expect("2")))
+    }
+    fn u32(&mut self) -> Res<u32> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4")))
+    }
+    fn u64(&mut self) -> Res<u64> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8")))
+    }
+    fn s(&mut self) -> Res<Vec<u8>> {
+        let n = usize::from(self.u16()?);
+        Ok(self.take(n)?.to_vec())
+    }
+    fn qid(&mut self) -> Res<Qid> {
+        Ok(Qid {
+            kind: self.u8()?,
+            version: self.u32()?,
+            path: self.u64()?,
+        })
+    }
+    fn time(&mut self) -> Res<(u64, u64)> {
+        Ok((self.u64()?, self.u64()?))
+    }
+}
+
+impl Client {
+    /// Connects to `addr`: `HOST:PORT`, or the path of a unix socket (starting with `/` or
+    /// `unix:`), and negotiates 9P2000.L with at most `msize`.
+    pub fn connect(addr: &str, msize: u32) -> io::Result<Client> {
+        use std::os::fd::AsRawFd;
+        let (stream, fd): (Box<dyn Stream>, _) = match addr.strip_prefix("unix:") {
+            Some(path) => {
+                let s = UnixStream::connect(path)?;
+                let fd = s.as_raw_fd();
+                (Box::new(s), fd)
+            }
+            None if addr.starts_with('/') => {
+                let s = UnixStream::connect(addr)?;
+                let fd = s.as_raw_fd();
+                (Box::new(s), fd)
+            }
+            None => {
+                let s = TcpStream::connect(addr)?;
+                s.set_nodelay(true)?;
+                let fd = s.as_raw_fd();
+                (Box::new(s), fd)
+            }
+        };
+        let mut c = Client {
+            stream,
+            fd,
+            msize: crate::limits::MSIZE_MIN,
+            tag: 0,
+            next_fid: 1,
+            free_fids: Vec::new(),
+        };
+        let mut r = c
+            .rpc(100, Body::default().u32(msize).s(b"9P2000.L"))
+            .map_err(io::Error::from_raw_os_error)?;
+        let server_msize = r.u32().map_err(io::Error::from_raw_os_error)?;
+        let version = r.s().map_err(io::Error::from_raw_os_error)?;
+        if version != b"9P2000.L" {
+            return Err(io::Error::other(format!(
+                "{addr} does not speak 9P2000.L (it answered {:?})",
+                String::from_utf8_lossy(&version)
+            )));
+        }
+        c.msize = server_msize.min(msize);
+        Ok(c)
+    }
+
+    /// Whether the server hung up (or sent something unasked) since the last reply: between
+    /// requests nothing may arrive, so anything readable means the connection is over.
+    pub fn is_broken(&self) -> bool {
+        let mut p = libc::pollfd {
+            fd: self.fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one pollfd, owned here, for a descriptor the stream keeps open.
+        let n = unsafe { libc::poll(&mut p, 1, 0) };
+        n != 0
+    }
+
+    /// The largest read or write payload one request carries.
+    pub fn io_size(&self) -> usize {
+        self.msize as usize - HEADER_BYTES - 4 - 4 - 8 - 4
+    }
+
+    fn alloc_fid(&mut self) -> u32 {
+        self.free_fids.pop().unwrap_or_else(|| {
+            self.next_fid += 1;
+            self.next_fid
+        })
+    }
+
+    fn rpc_raw(&mut self, kind: u8, body: Body) -> io::Result<(u8, Vec<u8>)> {
+        // Tag 0xffff is NOTAG (Tversion's); the others cycle.
+        self.tag = if kind == 100 {
+            0xffff
+        } else {
+            self.tag.wrapping_add(1) % 0xfff0
+        };
+        let mut frame = ((HEADER_BYTES + body.0.len()) as u32)
+            .to_le_bytes()
+            .to_vec();
+        frame.push(kind);
+        frame.extend_from_slice(&self.tag.to_le_bytes());
+        frame.extend_from_slice(&body.0);
+        self.stream.write_all(&frame)?;
+        loop {
+            let mut size = [0u8; 4];
+            self.stream.read_exact(&mut size)?;
+            let size = u32::from_le_bytes(size) as usize;
+            if size < HEADER_BYTES || size > self.msize.max(crate::limits::MSIZE_MIN) as usize {
+                return Err(io::Error::new(io::ErrorKind::InvalidData, "bad reply size"));
+            }
+            let mut rest = vec![0u8; size - 4];
+            self.stream.read_exact(&mut rest)?;
+            let tag = u16::from_le_bytes([rest[1], rest[2]]);
+            // A reply to an earlier, abandoned request: skip it.
+            if tag == self.tag {
+                return Ok((rest[0], rest[3..].to_vec()));
+            }
+        }
+    }
+
+    /// One request and its reply's body; an Rlerror becomes its errno, a broken connection EIO.
+    fn rpc(&mut self, kind: u8, body: Body) -> Res<Parse> {
+        let (rkind, b) = self.rpc_raw(kind, body).map_err(|_| libc::EIO)?;
+        let mut p = Parse::new(b);
+        if rkind == TLERROR_RLERROR {
+            return Err(p.u32()? as i32);
+        }
+        if rkind != kind + 1 {
+            return Err(libc::EIO);
+        }
+        Ok(p)
+    }
+
+    /// Attaches as `uid` to `aname`; answers the root fid and its qid.
+    pub fn attach(&mut self, uid: u32, aname: &[u8]) -> Res<(u32, Qid)> {
+        let fid = self.alloc_fid();
+        let body = Body::default()
+            .u32(fid)
+            .u32(P9_NOFID)
+            .s(b"")
+            .s(aname)
+            .u32(uid);
+        match self.rpc(104, body) {
+            Ok(mut p) => Ok((fid, p.qid()?)),
+            Err(e) => {
+                self.free_fids.push(fid);
+                Err(e)
+            }
+        }
+    }
+
+    /// Walks `names` from `fid` to a new fid (a clone when `names` is empty); all of them or
+    /// ENOENT.
+    pub fn walk(&mut self, fid: u32, names: &[&[u8]]) -> Res<(u32, Option<Qid>)> {
+        let newfid = self.alloc_fid();
+        let mut body = Body::default().u32(fid).u32(newfid).u16(names.len() as u16);
+        for n in names {
+            body = body.s(n);
+        }
+        let result = self.rpc(110, body).and_then(|mut p| {
+            let n = p.u16()?;
+            let mut last = None;
+            for _ in 0..n {
+                last = Some(p.qid()?);
+            }
+            if usize::from(n) != names.len() {
+                return Err(libc::ENOENT);
+            }
+            Ok(last)
+        });
+        match result {
+            Ok(q) => Ok((newfid, q)),
+            Err(e) => {
+                self.free_fids.push(newfid);
+                Err(e)
+            }
+        }
+    }
+
+    pub fn clunk(&mut self, fid: u32) -> Res<()> {
+        let r = self.rpc(120, Body::default().u32(fid)).map(|_| ());
+        // The fid is gone whatever the answer (9P: clunk always frees it).
+        self.free_fids.push(fid);
+        r
+    }
+
+    pub fn lopen(&mut self, fid: u32, flags: u32) -> Res<Qid> {
+        self.rpc(12, Body::default().u32(fid).u32(flags))?.qid()
+    }
+
+    /// Creates `name` in the directory `fid`, which then stands for the new file, open.
+    pub fn lcreate(&mut self, fid: u32, name: &[u8], flags: u32, mode: u32, gid: u32) -> Res<Qid> {
+        let body = Body::default()
+            .u32(fid)
+            .s(name)
+            .u32(flags)
+            .u32(mode)
+            .u32(gid);
+        self.rpc(14, body)?.qid()
+    }
+
+    pub fn read(&mut self, fid: u32, offset: u64, count: u32) -> Res<Vec<u8>> {
+        let count = count.min(self.io_size() as u32);
+        let mut p = self.rpc(116, Body::default().u32(fid).u64(offset).u32(count))?;
+        let n = p.u32()? as usize;
+        Ok(p.take(n)?.to_vec())
+    }
+
+    pub fn write(&mut self, fid: u32, offset: u64, data: &[u8]) -> Res<u32> {
+        let data = &data[..data.len().min(self.io_size())];
+        let body = Body::default()
+            .u32(fid)
+            .u64(offset)
+            .u32(data.len() as u32)
+            .raw(data);
+        self.rpc(118, body)?.u32()
+    }
+
+    pub fn getattr(&mut self, fid: u32) -> Res<Attr> {
+        let mut p = self.rpc(24, Body::default().u32(fid).u64(0x3fff))?;
+        p.u64()?;
+        Ok(Attr {
+            qid: p.qid()?,
+            mode: p.u32()?,
+            uid: p.u32()?,
+            gid: p.u32()?,
+            nlink: p.u64()?,
+            rdev: p.u64()?,
+            size: p.u64()?,
+            blksize: p.u64()?,
+            blocks: p.u64()?,
+            atime: p.time()?,
+            mtime: p.time()?,
+            ctime: p.time()?,
+            btime: p.time()?,
+            generation: p.u64()?,
+        })
+    }
+
+    pub fn setattr(&mut self, fid: u32, s: &SetAttr) -> Res<()> {
+        let body = Body::default()
+            .u32(fid)
+            .u32(s.valid)
+            .u32(s.mode)
+            .u32(s.uid)
+            .u32(s.gid)
+            .u64(s.size)
+            .u64(s.atime.0)
+            .u64(s.atime.1)
+            .u64(s.mtime.0)
+            .u64(s.mtime.1);
+        self.rpc(26, body).map(|_| ())
+    }
+
+    pub fn readdir(&mut self, fid: u32, offset: u64, count: u32) -> Res<Vec<DirEntry>> {
+        let count = count.min(self.io_size() as u32);
+        let mut p = self.rpc(40, Body::default().u32(fid).u64(offset).u32(count))?;
+        let n = p.u32()? as usize;
+        let mut d = Parse::new(p.take(n)?.to_vec());
+        let mut out = Vec::new();
+        while !d.is_empty() {
+            out.push(DirEntry {
+                qid: d.qid()?,
+                offset: d.u64()?,
+                kind: d.u8()?,
+                name: d.s()?,
+            });
+        }
+        Ok(out)
+    }
+
+    pub fn mkdir(&mut self, dfid: u32, name: &[u8], mode: u32, gid: u32) -> Res<Qid> {
+        self.rpc(72, Body::default().u32(dfid).s(name).u32(mode).u32(gid))?
+            .qid()
+    }
+
+    pub fn symlink(&mut self, dfid: u32, name: &[u8], target: &[u8], gid: u32) -> Res<Qid> {
+        self.rpc(16, Body::default().u32(dfid).s(name).s(target).u32(gid))?
+            .qid()
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn mknod(
+        &mut self,
+        dfid: u32,
+        name: &[u8],
+        mode: u32,
+        major: u32,
+        minor: u32,
+        gid: u32,
+    ) -> Res<Qid> {
+        let body = Body::default()
+            .u32(dfid)
+            .s(name)
+            .u32(mode)
+            .u32(major)
+            .u32(minor)
+            .u32(gid);
+        self.rpc(18, body)?.qid()
+    }
+
+    pub fn link(&mut self, dfid: u32, fid: u32, name: &[u8]) -> Res<()> {
+        self.rpc(70, Body::default().u32(dfid).u32(fid).s(name))
+            .map(|_| ())
+    }
+
+    pub fn renameat(
+        &mut self,
+        olddir: u32,
+        oldname: &[u8],
+        newdir: u32,
+        newname: &[u8],
+    ) -> Res<()> {
+        let body = Body::default()
+            .u32(olddir)
+            .s(oldname)
+            .u32(newdir)
+            .s(newname);
+        self.rpc(74, body).map(|_| ())
+    }
+
+    /// Trename: the older form servers without renameat (diod) answer.
+    pub fn rename(&mut self, fid: u32, dfid: u32, name: &[u8]) -> Res<()> {
+        self.rpc(20, Body::default().u32(fid).u32(dfid).s(name))
+            .map(|_| ())
+    }
+
+    /// Tremove: removes what `fid` names and frees the fid, whatever the answer.
+    pub fn remove(&mut self, fid: u32) -> Res<()> {
+        let r = self.rpc(122, Body::default().u32(fid)).map(|_| ());
+        self.free_fids.push(fid);
+        r
+    }
+
+    pub fn unlinkat(&mut self, dfid: u32, name: &[u8], flags: u32) -> Res<()> {
+        self.rpc(76, Body::default().u32(dfid).s(name).u32(flags))
+            .map(|_| ())
+    }
+
+    pub fn readlink(&mut self, fid: u32) -> Res<Vec<u8>> {
+        self.rpc(22, Body::default().u32(fid))?.s()
+    }
+
+    pub fn statfs(&mut self, fid: u32) -> Res<StatFs> {
+        let mut p = self.rpc(8, Body::default().u32(fid))?;
+        p.u32()?;
+        let bsize = p.u32()?;
+        let (blocks, bfree, bavail, files, ffree) =
+            (p.u64()?, p.u64()?, p.u64()?, p.u64()?, p.u64()?);
+        p.u64()?;
+        Ok(StatFs {
+            bsize,
+            blocks,
+            bfree,
+            bavail,
+            files,
+            ffree,
+            namelen: p.u32()?,
+        })
+    }
+
+    pub fn fsync(&mut self, fid: u32, datasync: bool) -> Res<()> {
+        self.rpc(50, Body::default().u32(fid).u32(u32::from(datasync)))
+            .map(|_| ())
+    }
+
+    /// Reads the attribute `name` (or, empty, the list of names) of `fid` whole.
+    pub fn xattr_get(&mut self, fid: u32, name: &[u8]) -> Res<Vec<u8>> {
+        let xfid = self.alloc_fid();
+        let size = match self.rpc(30, Body::default().u32(fid).u32(xfid).s(name)) {
+            Ok(mut p) => p.u64()?,
+            Err(e) => {
+                self.free_fids.push(xfid);
+                return Err(e);
+            }
+        };
+        let mut out = Vec::new();
+        let result = (|| {
+            while (out.len() as u64) < size {
+                let chunk = self.read(xfid, out.len() as u64, (size - out.len() as u64) as u32)?;
+                if chunk.is_empty() {
+                    break;
+                }
+                out.extend_from_slice(&chunk);
+            }
+            Ok(())
+        })();
+        let _ = self.clunk(xfid);
+        result.map(|()| out)
+    }
+
+    /// Sets (or, with None, removes) the attribute `name` of `fid`; `flags` are setxattr's.
+    pub fn xattr_set(
+        &mut self,
+        fid: u32,
+        name: &[u8],
+        value: Option<&[u8]>,
+        flags: u32,
+    ) -> Res<()> {
+        let (xfid, _) = self.walk(fid, &[])?;
+        let (size, flags) = match value {
+            Some(v) => (v.len() as u64, flags),
+            None => (0, 2),
+        };
+        let body = Body::default().u32(xfid).s(name).u64(size).u32(flags);
+        if let Err(e) = self.rpc(32, body) {
+            let _ = self.clunk(xfid);
+            return Err(e);
+        }
+        let mut at = 0;
+        let v = value.unwrap_or_default();
+        while at < v.len() {
+            match self.write(xfid, at as u64, &v[at..]) {
+                Ok(n) if n > 0 => at += n as usize,
+                Ok(_) => break,
+                Err(e) => {
+                    let _ = self.clunk(xfid);
+                    return Err(e);
+                }
+            }
+        }
+        // The server sets the attribute at clunk and answers its error there.
+        self.clunk(xfid)
+    }
+}

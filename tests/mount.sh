@@ -1,0 +1,170 @@
+#!/usr/bin/env bash
+# `bucketfs mount` (FUSE speaking 9P2000.L) on bucketfs's own 9P server, through the kernel:
+# POSIX operations with coreutils and Python, other users acting as themselves (sticky and
+# private directories), a file unlinked while open, fsync durable across kill -9 of the server
+# with the mount reconnecting and an open file going on, and SIGTERM unmounting. The same
+# operations on diod's export (a third-party 9P2000.L server) once, on the file backend.
+set -euo pipefail
+# shellcheck source=tests/lib.sh
+source "$(dirname "$0")/lib.sh"
+
+requires diod setpriv mountpoint
+[[ -c /dev/fuse ]] || skip "no /dev/fuse"
+PY=/usr/bin/python3
+
+MOUNT_PID=""
+
+start_mount() { # ADDR DIR [ARGS...]
+    local addr="$1" dir="$2"
+    shift 2
+    mkdir -p "$dir"
+    "$BUCKETFS" mount "$addr" "$dir" --allow-other "$@" >>"$CASE_DIR/mount.log" 2>&1 &
+    MOUNT_PID=$!
+    register_pid "$MOUNT_PID"
+    register_mount "$dir"
+    wait_for 30 mountpoint -q "$dir" || die "bucketfs mount $addr $dir did not mount: $(cat "$CASE_DIR/mount.log")"
+}
+
+stop_mount() { # DIR
+    kill -TERM "$MOUNT_PID"
+    wait "$MOUNT_PID" || die "bucketfs mount did not exit 0 on SIGTERM: $(tail -5 "$CASE_DIR/mount.log")"
+    MOUNT_PID=""
+    if mountpoint -q "$1"; then die "$1 is still mounted after SIGTERM"; fi
+}
+
+# POSIX operations any 9P2000.L server must get right; with "full", also user xattrs and a file
+# unlinked while open (diod, which serves paths, answers ENOENT to a read of such a file).
+posix_checks() { # DIR [full]
+    local m="$1" out
+    mkdir -p "$m/a/b"
+    echo hello >"$m/a/b/f"
+    [[ "$(cat "$m/a/b/f")" == hello ]] || die "read back of a new file"
+    cp /etc/services "$m/a/s"
+    cmp -s /etc/services "$m/a/s" || die "cp of /etc/services read back other bytes"
+    ln "$m/a/s" "$m/a/h"
+    [[ "$(stat -c %h "$m/a/s")" == 2 ]] || die "link count after ln: $(stat -c %h "$m/a/s")"
+    ln -s s "$m/a/l"
+    [[ "$(readlink "$m/a/l")" == s ]] || die "readlink"
+    cmp -s /etc/services "$m/a/l" || die "read through a symlink"
+    mv "$m/a/b" "$m/a/c"
+    [[ -f "$m/a/c/f" && ! -e "$m/a/b" ]] || die "rename of a directory"
+    [[ "$(cat "$m/a/c/f")" == hello ]] || die "a file under a renamed directory"
+    mv "$m/a/c/f" "$m/a/g"
+    [[ "$(cat "$m/a/g")" == hello ]] || die "rename of a file across directories"
+    chmod 640 "$m/a/s"
+    [[ "$(stat -c %a "$m/a/s")" == 640 ]] || die "chmod: $(stat -c %a "$m/a/s")"
+    truncate -s 5 "$m/a/s"
+    [[ "$(stat -c %s "$m/a/s")" == 5 ]] || die "truncate down"
+    echo -n xy >>"$m/a/s"
+    [[ "$(stat -c %s "$m/a/s")" == 7 ]] || die "append: size $(stat -c %s "$m/a/s")"
+    # Sparse, beyond 4 GiB.
+    truncate -s 5G "$m/a/sparse"
+    printf 'far' | dd of="$m/a/sparse" bs=1 seek=$((4608 * 1024 * 1024)) conv=notrunc status=none
+    [[ "$(dd if="$m/a/sparse" bs=1 skip=$((4608 * 1024 * 1024)) count=3 status=none)" == far ]] ||
+        die "a write beyond 4 GiB did not read back"
+    [[ "$(dd if="$m/a/sparse" bs=4096 skip=1000 count=1 status=none | tr -d '\0' | wc -c)" == 0 ]] ||
+        die "a hole did not read as zeroes"
+    mkfifo "$m/a/p"
+    [[ -p "$m/a/p" ]] || die "mkfifo"
+    if out="$(rmdir "$m/a" 2>&1)"; then die "rmdir of a non-empty directory succeeded"; fi
+    grep -q "not empty" <<<"$out" || die "rmdir of a non-empty directory: $out"
+    if [[ "${2:-}" == full ]]; then
+        # A file unlinked while open keeps its data for the open descriptor.
+        "$PY" - "$m/a/open" <<'EOF' || die "unlink while open"
+import os, sys
+p = sys.argv[1]
+fd = os.open(p, os.O_RDWR | os.O_CREAT, 0o644)
+os.write(fd, b"still here")
+os.unlink(p)
+assert not os.path.exists(p)
+os.lseek(fd, 0, 0)
+assert os.read(fd, 100) == b"still here"
+os.close(fd)
+EOF
+        "$PY" - "$m/a/s" <<'EOF' || die "user xattrs"
+import os, sys
+p = sys.argv[1]
+os.setxattr(p, "user.k", b"value")
+assert os.getxattr(p, "user.k") == b"value"
+assert "user.k" in os.listxattr(p)
+os.removexattr(p, "user.k")
+try:
+    os.getxattr(p, "user.k")
+    raise SystemExit("removed xattr still there")
+except OSError as e:
+    assert e.errno == 61, e  # ENODATA
+EOF
+    fi
+    rm "$m/a/h" "$m/a/l" "$m/a/p" "$m/a/sparse"
+    rm -r "$m/a"
+    [[ ! -e "$m/a" ]] || die "rm -r left the tree"
+}
+
+run_case() {
+    local m="$CASE_DIR/mnt" out
+    make_config "$CASE_DIR" "$BACKEND"
+    start_bucketfs "$CONFIG"
+    start_mount "127.0.0.1:$NINEP_PORT" "$m"
+    posix_checks "$m" full
+
+    # Other users act as themselves: no write to root's 0755 directory, a sticky shared one.
+    # (The test's directories are made 0700; other users must be able to reach the mount.)
+    chmod o+x "$TEST_DIR" "$CASE_DIR"
+    if out="$(setpriv --reuid=1000 --regid=1000 --clear-groups touch "$m/nope" 2>&1)"; then
+        die "uid 1000 created a file in root's 0755 directory"
+    fi
+    grep -q "Permission denied" <<<"$out" || die "unexpected refusal: $out"
+    mkdir "$m/tmp"
+    chmod 1777 "$m/tmp"
+    setpriv --reuid=1000 --regid=1000 --clear-groups touch "$m/tmp/mine" || die "uid 1000 could not create in a 1777 directory"
+    [[ "$(stat -c '%u %g' "$m/tmp/mine")" == "1000 1000" ]] || die "owner of a file uid 1000 made: $(stat -c '%u %g' "$m/tmp/mine")"
+    if setpriv --reuid=1001 --regid=1001 --clear-groups rm -f "$m/tmp/mine" 2>/dev/null; then
+        die "uid 1001 removed uid 1000's file from a sticky directory"
+    fi
+
+    # fsync is durable across kill -9; the mount reconnects and an open file goes on.
+    "$PY" - "$m" "$CASE_DIR/step" <<'EOF' &
+import os, sys, time
+m, step = sys.argv[1], sys.argv[2]
+with open(m + "/durable", "wb") as f:
+    f.write(b"fsynced")
+    f.flush()
+    os.fsync(f.fileno())
+held = open(m + "/held", "wb")
+held.write(b"before")
+held.flush()
+os.fsync(held.fileno())
+open(step, "w").write("synced")
+while open(step).read().strip() != "restarted":
+    time.sleep(0.1)
+assert open(m + "/durable", "rb").read() == b"fsynced", "fsynced data lost"
+held.write(b" and after")
+held.flush()
+os.fsync(held.fileno())
+held.close()
+assert open(m + "/held", "rb").read() == b"before and after", open(m + "/held", "rb").read()
+EOF
+    local py=$!
+    wait_for 30 grep -q synced "$CASE_DIR/step" || die "the fsync step did not run"
+    kill9_bucketfs
+    start_bucketfs "$CONFIG"
+    echo restarted >"$CASE_DIR/step"
+    wait "$py" || die "after kill -9 and a restart: data lost, or the mount did not reconnect"
+    stop_mount "$m"
+    stop_bucketfs
+
+    # diod's export through the same client, once.
+    if [[ "$BACKEND" == file ]]; then
+        local export="$CASE_DIR/diod-export" port
+        port="$(pick_unused_port)"
+        mkdir -p "$export"
+        diod -f -n -e "$export" -l "127.0.0.1:$port" -L stderr >"$CASE_DIR/diod.log" 2>&1 &
+        register_pid $!
+        wait_for 20 _port_open "$port" || die "diod did not start: $(cat "$CASE_DIR/diod.log")"
+        start_mount "127.0.0.1:$port" "$CASE_DIR/diod-mnt" --aname "$export"
+        posix_checks "$CASE_DIR/diod-mnt"
+        stop_mount "$CASE_DIR/diod-mnt"
+    fi
+}
+
+for_each_backend run_case
