@@ -153,6 +153,14 @@ EOF
     stop_mount "$m"
     stop_bucketfs
 
+    # The same server on a unix socket.
+    config_set "$CONFIG" servers.ninep unix_socket "\"$CASE_DIR/9p.sock\""
+    start_bucketfs "$CONFIG"
+    start_mount "$CASE_DIR/9p.sock" "$m"
+    [[ "$(cat "$m/durable")" == fsynced ]] || die "reading through the unix socket"
+    stop_mount "$m"
+    stop_bucketfs
+
     # diod's export through the same client, once.
     if [[ "$BACKEND" == file ]]; then
         local export="$CASE_DIR/diod-export" port
