@@ -8,7 +8,7 @@ set -euo pipefail
 # shellcheck source=tests/lib.sh
 source "$(dirname "$0")/lib.sh"
 
-requires diod setpriv mountpoint
+requires diod setpriv mountpoint nbdinfo
 [[ -c /dev/fuse ]] || skip "no /dev/fuse"
 PY=/usr/bin/python3
 
@@ -106,6 +106,11 @@ run_case() {
     start_bucketfs "$CONFIG"
     start_mount "127.0.0.1:$NINEP_PORT" "$m"
     posix_checks "$m" full
+
+    # A block device made through the mount is an NBD export.
+    truncate -s 8M "$m/.nbd/viamount"
+    out="$(timeout 30 nbdinfo "$(nbd_uri viamount)" 2>&1)" || die "nbdinfo of a device made through the mount: $out"
+    grep -q "export-size: 8388608" <<<"$out" || die "the device made through the mount: $out"
 
     # Other users act as themselves: no write to root's 0755 directory, a sticky shared one.
     # (The test's directories are made 0700; other users must be able to reach the mount.)
