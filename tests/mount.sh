@@ -158,11 +158,20 @@ EOF
     stop_mount "$m"
     stop_bucketfs
 
-    # The same server on a unix socket.
+    # The same server on a unix socket, with a quota of 1 MiB: a bigger file is refused with
+    # ENOSPC, df shows the quota, and deleting makes room.
     config_set "$CONFIG" servers.ninep unix_socket "\"$CASE_DIR/9p.sock\""
+    config_set "$CONFIG" filesystem quota_bytes '"1MiB"'
     start_bucketfs "$CONFIG"
     start_mount "$CASE_DIR/9p.sock" "$m"
     [[ "$(cat "$m/durable")" == fsynced ]] || die "reading through the unix socket"
+    if out="$(dd if=/dev/zero of="$m/big" bs=64k count=32 conv=fsync 2>&1)"; then
+        die "a 2 MiB file fit in a 1 MiB quota"
+    fi
+    grep -q "No space left on device" <<<"$out" || die "over the quota: $out"
+    [[ "$(df -B1 --output=size "$m" | tail -1 | tr -d ' ')" == 1048576 ]] || die "df does not show the quota: $(df -B1 "$m")"
+    rm "$m/big"
+    dd if=/dev/zero of="$m/small" bs=64k count=4 conv=fsync status=none || die "no room after a delete"
     stop_mount "$m"
     stop_bucketfs
 

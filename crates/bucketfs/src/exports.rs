@@ -22,7 +22,7 @@ fn to_export_error(e: FsError) -> ExportError {
         FsError::OutOfRange { .. } | FsError::InvalidName(_) | FsError::Invalid(_) => {
             ExportError::Invalid(msg)
         }
-        FsError::TooLarge(_) => ExportError::NoSpace(msg),
+        FsError::TooLarge(_) | FsError::NoSpace => ExportError::NoSpace(msg),
         FsError::Engine(EngineError::ReadOnly) | FsError::Access | FsError::NotPermitted => {
             ExportError::Permission(msg)
         }

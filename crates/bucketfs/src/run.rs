@@ -117,6 +117,7 @@ pub async fn run(
         .await
         .map_err(|e| format!("{}: {e}", cfg.storage.url))?;
     let fs = Arc::new(Fs::open(engine.clone()).await.map_err(|e| e.to_string())?);
+    fs.set_quota(cfg.filesystem.quota_bytes);
     let exports = Arc::new(BlockDevices { fs: fs.clone() });
 
     let admin = Arc::new(Admin {

@@ -91,6 +91,11 @@ impl Fs {
             .checked_add(data.len() as u64)
             .filter(|&e| e <= FILE_SIZE_BYTES_MAX)
             .ok_or(FsError::TooLarge(offset.saturating_add(data.len() as u64)))?;
+        self.check_quota(
+            self.unallocated_bytes(ino, offset, data.len() as u64)
+                .await?,
+        )
+        .await?;
         inode.size_bytes = inode.size_bytes.max(end);
         let now = Time::now();
         inode.mtime = now;
@@ -262,6 +267,27 @@ impl Fs {
     /// makes every earlier change durable.
     pub async fn fsync(&self, _ino: u64) -> Result<(), FsError> {
         self.sync().await
+    }
+
+    /// Bytes of `offset..offset+length` in extents not yet allocated: what writing it adds to
+    /// the space in use.
+    async fn unallocated_bytes(&self, ino: u64, offset: u64, length: u64) -> Result<u64, FsError> {
+        if self.quota().is_none() || length == 0 {
+            return Ok(0);
+        }
+        let extent = EXTENT_SIZE_BYTES_U64;
+        let (start, end) = (
+            offset / extent * extent,
+            (offset + length).div_ceil(extent) * extent,
+        );
+        Ok(self
+            .engine
+            .allocation(ino, start, end - start)
+            .await?
+            .into_iter()
+            .filter(|&(_, allocated)| !allocated)
+            .map(|(n, _)| n)
+            .sum())
     }
 
     /// Block devices keep their sizes in memory for the NBD path.

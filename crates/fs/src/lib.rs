@@ -34,6 +34,7 @@ use change::Change;
 use dir::Entry;
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 pub const ROOT_INO: u64 = 1;
 pub const NBD_DIR_NAME: &str = ".nbd";
@@ -82,6 +83,8 @@ pub enum FsError {
     NoXattr,
     #[error("not supported: {0}")]
     NotSupported(String),
+    #[error("the filesystem's quota is reached; delete files to make room")]
+    NoSpace,
     #[error("inode {0} is damaged: {1}")]
     Damaged(u64, String),
     #[error(transparent)]
@@ -107,6 +110,7 @@ impl FsError {
             FsError::NotPermitted => libc::EPERM,
             FsError::NoXattr => libc::ENODATA,
             FsError::NotSupported(_) => libc::EOPNOTSUPP,
+            FsError::NoSpace => libc::ENOSPC,
             FsError::Engine(EngineError::ReadOnly) => libc::EROFS,
             FsError::Damaged(..) | FsError::Engine(_) => libc::EIO,
         }
@@ -159,6 +163,8 @@ pub struct Fs {
     dir_moves: tokio::sync::Mutex<()>,
     /// Open handles per inode: an unlinked inode keeps its data until the last one closes.
     open_files: Mutex<HashMap<u64, u32>>,
+    /// Bytes files may allocate; u64::MAX: no quota.
+    quota_bytes: AtomicU64,
 }
 
 impl Fs {
@@ -183,6 +189,7 @@ impl Fs {
             inos: tokio::sync::Mutex::new((0, 0)),
             dir_moves: tokio::sync::Mutex::new(()),
             open_files: Mutex::default(),
+            quota_bytes: AtomicU64::new(u64::MAX),
         };
         fs.nbd_dir = match fs.lookup_entry(ROOT_INO, NBD_DIR_NAME.as_bytes()).await? {
             Some(e) => e.ino,
@@ -475,11 +482,39 @@ impl Fs {
         c.commit().await
     }
 
-    /// Sizes for statfs: data bytes in use are the live extents (whole 8 KiB extents, before
-    /// compression), against the bucket's nominal size. Inode counts are not limited.
+    /// Limits the bytes files may allocate (`[filesystem] quota_bytes`); None: no limit.
+    pub fn set_quota(&self, quota_bytes: Option<u64>) {
+        self.quota_bytes
+            .store(quota_bytes.unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
+    fn quota(&self) -> Option<u64> {
+        Some(self.quota_bytes.load(Ordering::Relaxed)).filter(|&q| q != u64::MAX)
+    }
+
+    /// Refuses with `NoSpace` a change that would allocate `new_bytes` beyond the quota. The
+    /// measure counts data not yet uploaded and frees deleted extents only once their deletion
+    /// is uploaded, so before refusing it flushes and looks again: a delete makes room at once.
+    async fn check_quota(&self, new_bytes: u64) -> Result<(), FsError> {
+        let Some(q) = self.quota().filter(|_| new_bytes > 0) else {
+            return Ok(());
+        };
+        if self.engine.allocated_bytes() + new_bytes <= q {
+            return Ok(());
+        }
+        self.engine.flush().await?;
+        if self.engine.allocated_bytes() + new_bytes > q {
+            return Err(FsError::NoSpace);
+        }
+        Ok(())
+    }
+
+    /// Sizes for statfs: data bytes in use are the allocated extents (whole 8 KiB extents,
+    /// before compression), against the quota or, without one, a nominal 1 PiB. Inode counts
+    /// are not limited.
     pub fn statfs(&self) -> StatFs {
-        let used = self.engine.stats().extents * bucketfs_engine::limits::EXTENT_SIZE_BYTES_U64;
-        let total = UNLIMITED_BYTES.max(used);
+        let used = self.engine.allocated_bytes();
+        let total = self.quota().unwrap_or(UNLIMITED_BYTES).max(used);
         StatFs {
             blocks: total / STATFS_BLOCK_BYTES,
             blocks_free: (total - used) / STATFS_BLOCK_BYTES,

@@ -674,3 +674,45 @@ async fn concurrent_clients_create_and_rename_without_losing_entries() {
     }
     assert_eq!(fs.getattr(ROOT_INO).await.unwrap().nlink, 2 + 2 + 8);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_quota_refuses_allocation_but_never_deletes_or_overwrites() {
+    let bucket = memory();
+    let (fs, _tasks) = open(&bucket).await;
+    let r = root();
+    fs.set_quota(Some(64 * 1024));
+    assert_eq!(fs.statfs().blocks, 16, "statfs reports the quota");
+    let f = create(&fs, &r, ROOT_INO, "f").await;
+    fs.write_file(f.ino, 0, &[1; 48 * 1024], false)
+        .await
+        .unwrap();
+    let err = fs
+        .write_file(f.ino, 48 * 1024, &[2; 24 * 1024], false)
+        .await
+        .unwrap_err();
+    assert_eq!(err.errno(), libc::ENOSPC);
+    assert_eq!(
+        fs.getattr(f.ino).await.unwrap().size_bytes,
+        48 * 1024,
+        "nothing written"
+    );
+    // Overwriting allocated extents, growing sparsely and deleting are allowed when full.
+    fs.write_file(f.ino, 0, &[3; 8192], false).await.unwrap();
+    let grow = SetAttr {
+        size_bytes: Some(1 << 30),
+        ..SetAttr::default()
+    };
+    fs.setattr(&r, f.ino, &grow).await.unwrap();
+    fs.sync().await.unwrap();
+    assert_eq!(fs.statfs().blocks_free, 4, "48 KiB of 64 in use");
+    // A delete makes room at once, though its upload is still to come.
+    fs.unlink(&r, ROOT_INO, b"f").await.unwrap();
+    let g = create(&fs, &r, ROOT_INO, "g").await;
+    fs.write_file(g.ino, 0, &[4; 60 * 1024], false)
+        .await
+        .unwrap();
+    fs.set_quota(None);
+    fs.write_file(g.ino, 60 * 1024, &[5; 100 * 1024], false)
+        .await
+        .unwrap();
+}

@@ -321,6 +321,15 @@ const DECLARED: &[Key] = &[
         "Unix socket of the 9P server, where file permissions control who may connect; unset \
          means none.",
     ),
+    key(
+        "filesystem.quota_bytes",
+        One(check_size),
+        Example("\"100GiB\""),
+        "Most bytes the filesystem's files may allocate (whole 8 KiB extents, before \
+         compression; block devices count as the extents written to them). Writes that would \
+         allocate beyond it fail with ENOSPC; deletes and overwrites of allocated data are \
+         always allowed. statfs reports it as the size. Unset: no quota.",
+    ),
     // A unix socket by default, where the file mode is the access control: the admin endpoint
     // can delete block devices.
     key(

@@ -63,8 +63,16 @@ pub struct Config {
     pub gcp: GcpConfig,
     pub azure: AzureConfig,
     pub servers: ServersConfig,
+    pub filesystem: FilesystemConfig,
     pub admin: AdminConfig,
     pub tuning: Tuning,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FilesystemConfig {
+    #[serde(default, deserialize_with = "deserialize_opt_size")]
+    pub quota_bytes: Option<u64>,
 }
 
 #[derive(Clone, PartialEq, Eq, Deserialize)]
@@ -627,6 +635,10 @@ impl<'de> Deserialize<'de> for Compression {
         let name = String::deserialize(deserializer)?;
         name.parse().map_err(de::Error::custom)
     }
+}
+
+fn deserialize_opt_size<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    deserialize_size(d).map(Some)
 }
 
 /// A size is a TOML integer (bytes) or a string for [`parse_size`].

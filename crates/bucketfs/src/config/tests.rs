@@ -144,7 +144,7 @@ fn init_template_lists_every_key_and_its_examples_are_valid() {
         .iter()
         .filter(|leaf| !leaf.starts_with("tuning."))
         .count();
-    assert_eq!(untuned, 34);
+    assert_eq!(untuned, 35);
     for leaf in leaves {
         assert!(lookup(&table, leaf).is_some(), "the template lacks {leaf}");
     }
@@ -260,6 +260,8 @@ fn full_file_sets_every_field() {
         [servers.ninep]
         listen = ["127.0.0.1:20564"]
         unix_socket = "/tmp/9p.sock"
+        [filesystem]
+        quota_bytes = "2TiB"
         [admin]
         socket = "/tmp/admin.sock"
         listen = "[::1]:20810"
@@ -330,6 +332,9 @@ fn full_file_sets_every_field() {
                 listen: vec!["127.0.0.1:20564".parse().unwrap()],
                 unix_socket: Some(PathBuf::from("/tmp/9p.sock")),
             },
+        },
+        filesystem: FilesystemConfig {
+            quota_bytes: Some(2 << 40),
         },
         admin: AdminConfig {
             socket: Some(PathBuf::from("/tmp/admin.sock")),
@@ -435,12 +440,12 @@ fn unknown_top_level_key_is_named_with_the_alternatives() {
     assert_eq!(
         error("[storag]\nurl = \"memory://\"\n"),
         "bucketfs.toml: unknown key `storag` (expected one of: storage, cache, aws, gcp, \
-         azure, servers, admin, tuning)"
+         azure, servers, filesystem, admin, tuning)"
     );
     assert_eq!(
         error("verbose = true\n"),
         "bucketfs.toml: unknown key `verbose` (expected one of: storage, cache, aws, gcp, \
-         azure, servers, admin, tuning)"
+         azure, servers, filesystem, admin, tuning)"
     );
 }
 

@@ -90,6 +90,17 @@ pub(super) struct Counters {
 }
 
 impl Engine {
+    /// Bytes in use by file data, for quotas and statfs: the live extents as of the last upload
+    /// (whole 8 KiB extents, before compression) plus the data written since and not yet
+    /// uploaded, which may overwrite some of them. Never below the truth, and O(1).
+    pub fn allocated_bytes(&self) -> u64 {
+        let st = self.inner.state.read();
+        let unuploaded: u64 = st.flushing.iter().map(|b| b.data_bytes() as u64).sum();
+        st.committed.live().extent_count() * crate::limits::EXTENT_SIZE_BYTES_U64
+            + st.pending.data_bytes() as u64
+            + unuploaded
+    }
+
     pub fn stats(&self) -> EngineStats {
         let c = &self.inner.counters;
         let st = self.inner.state.read();
