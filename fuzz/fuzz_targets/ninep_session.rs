@@ -1,0 +1,61 @@
+//! A whole 9P2000.L session from a hostile client: the fuzzer's bytes are everything the client
+//! sends, against the filesystem core over a `memory://` engine shared by every run. The
+//! server must end the session (error or end of input) without panicking or hanging.
+#![no_main]
+
+use bucketfs_engine::bucket::open_url;
+use bucketfs_engine::{Engine, EngineOptions};
+use bucketfs_fs::Fs;
+use bucketfs_ninep::Server;
+use libfuzzer_sys::fuzz_target;
+use std::sync::{Arc, OnceLock};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// One runtime and one filesystem for every run: opening an engine per input would dominate.
+fn world() -> &'static (tokio::runtime::Runtime, Arc<Server>) {
+    static WORLD: OnceLock<(tokio::runtime::Runtime, Arc<Server>)> = OnceLock::new();
+    WORLD.get_or_init(|| {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        let server = rt.block_on(async {
+            let bucket = open_url("memory://", &Vec::new()).expect("a memory bucket");
+            let engine = Engine::open(bucket, EngineOptions::for_tests("fuzz"))
+                .await
+                .expect("an engine");
+            Server::new(Arc::new(Fs::open(engine).await.expect("a filesystem")))
+        });
+        (rt, server)
+    })
+}
+
+fuzz_target!(|data: &[u8]| {
+    let (rt, server) = world();
+    rt.block_on(async {
+        let (mut client, stream) = tokio::io::duplex(1 << 16);
+        let serve = server.clone().serve_connection(stream);
+        let talk = async move {
+            let (mut rx, mut tx) = tokio::io::split(&mut client);
+            let send = async {
+                let _ = tx.write_all(data).await;
+                let _ = tx.shutdown().await;
+            };
+            let drain = async {
+                let mut sink = vec![0u8; 1 << 16];
+                while let Ok(n) = rx.read(&mut sink).await {
+                    if n == 0 {
+                        break;
+                    }
+                }
+            };
+            tokio::join!(send, drain);
+        };
+        let ended = tokio::time::timeout(std::time::Duration::from_secs(60), async {
+            tokio::join!(serve, talk)
+        })
+        .await;
+        assert!(ended.is_ok(), "the session did not end after the input did");
+    });
+});
