@@ -146,6 +146,19 @@ run_case() {
         rm -r "$m/src"
     fi
 
+    # The data-integrity exerciser: random writes, truncates, reads and mmap reads checked
+    # against a model, with kill -9 of the server and a restart halfway (BUCKETFS_FSX_SECONDS).
+    "$PY" "$(dirname "$0")/fsx.py" "$m" "${BUCKETFS_FSX_SECONDS:-16}" "$CASE_DIR/fsx-step" \
+        >"$CASE_DIR/fsx.log" 2>&1 &
+    local fsx=$!
+    wait_for 60 grep -q synced "$CASE_DIR/fsx-step" || die "fsx did not reach its restart: $(cat "$CASE_DIR/fsx.log")"
+    kill9_bucketfs
+    start_bucketfs "$CONFIG"
+    echo restarted >"$CASE_DIR/fsx-step"
+    wait "$fsx" || die "fsx: $(tail -25 "$CASE_DIR/fsx.log")"
+    log "$(tail -1 "$CASE_DIR/fsx.log")"
+    rm -f "$m"/fsx*
+
     # fsync is durable across kill -9; the mount reconnects and an open file goes on.
     "$PY" - "$m" "$CASE_DIR/step" <<'EOF' &
 import os, sys, time
