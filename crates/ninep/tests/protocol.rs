@@ -322,6 +322,21 @@ async fn xattrs_locks_permissions_and_bad_input() {
     assert_eq!(c.walk(77, 78, &[]).await, Err(libc::EINVAL), "unknown fid");
     // Flush of a tag not in flight answers Rflush.
     c.ok(108, B::default().u16(4242)).await;
+    // Flush of a request in flight (an fsync, a barrier): its reply comes before Rflush, or
+    // never.
+    c.send_frame(50, 900, &B::default().u32(3).u32(0).0).await;
+    c.send_frame(108, 901, &B::default().u16(900).0).await;
+    let (kind, tag, _) = c.recv().await;
+    if (kind, tag) == (51, 900) {
+        let (kind, tag, _) = c.recv().await;
+        assert_eq!(
+            (kind, tag),
+            (109, 901),
+            "Rflush after the flushed request's reply"
+        );
+    } else {
+        assert_eq!((kind, tag), (109, 901), "Rflush, the fsync cancelled");
+    }
     c.getattr(1).await;
     // A frame larger than msize closes the connection.
     c.io.write_all(&(u32::MAX).to_le_bytes()).await.unwrap();
