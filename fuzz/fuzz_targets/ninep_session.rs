@@ -8,27 +8,46 @@ use bucketfs_engine::{Engine, EngineOptions};
 use bucketfs_fs::Fs;
 use bucketfs_ninep::Server;
 use libfuzzer_sys::fuzz_target;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-/// One runtime and one filesystem for every run: opening an engine per input would dominate.
-fn world() -> &'static (tokio::runtime::Runtime, Arc<Server>) {
-    static WORLD: OnceLock<(tokio::runtime::Runtime, Arc<Server>)> = OnceLock::new();
-    WORLD.get_or_init(|| {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .expect("a runtime");
-        let server = rt.block_on(async {
-            let bucket = open_url("memory://", &Vec::new()).expect("a memory bucket");
-            let engine = Engine::open(bucket, EngineOptions::for_tests("fuzz"))
-                .await
-                .expect("an engine");
-            Server::new(Arc::new(Fs::open(engine).await.expect("a filesystem")))
-        });
-        (rt, server)
-    })
+/// Runs on one runtime and filesystem before both are made anew: opening an engine per input
+/// would dominate, and one kept forever would hold everything every input created (the
+/// `memory://` bucket) until the RSS limit of a long soak.
+const RUNS_PER_WORLD: usize = 5000;
+
+struct World {
+    rt: tokio::runtime::Runtime,
+    server: Arc<Server>,
+    runs: usize,
+}
+
+fn new_world() -> World {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let server = rt.block_on(async {
+        let bucket = open_url("memory://", &Vec::new()).expect("a memory bucket");
+        let engine = Engine::open(bucket, EngineOptions::for_tests("fuzz"))
+            .await
+            .expect("an engine");
+        Server::new(Arc::new(Fs::open(engine).await.expect("a filesystem")))
+    });
+    World { rt, server, runs: 0 }
+}
+
+/// The runtime and server for this run.
+fn world() -> (tokio::runtime::Handle, Arc<Server>) {
+    static WORLD: Mutex<Option<World>> = Mutex::new(None);
+    let mut w = WORLD.lock().expect("not poisoned: a panic ends the fuzzer");
+    if w.as_ref().is_none_or(|w| w.runs >= RUNS_PER_WORLD) {
+        *w = Some(new_world());
+    }
+    let w = w.as_mut().expect("made above");
+    w.runs += 1;
+    (w.rt.handle().clone(), w.server.clone())
 }
 
 fuzz_target!(|data: &[u8]| {
