@@ -115,6 +115,11 @@ run_case() {
     # Other users act as themselves: no write to root's 0755 directory, a sticky shared one.
     # (The test's directories are made 0700; other users must be able to reach the mount.)
     chmod o+x "$TEST_DIR" "$CASE_DIR"
+    # The POSIX cases with their expected errnos, as root and as other users.
+    mkdir "$m/cases"
+    out="$("$PY" "$(dirname "$0")/posix_cases.py" "$m/cases" 2>&1)" || die "$out"
+    log "$(tail -1 <<<"$out")"
+    rm -r "$m/cases"
     if out="$(setpriv --reuid=1000 --regid=1000 --clear-groups touch "$m/nope" 2>&1)"; then
         die "uid 1000 created a file in root's 0755 directory"
     fi
@@ -217,6 +222,9 @@ EOF
         wait_for 20 _port_open "$port" || die "diod did not start: $(cat "$CASE_DIR/diod.log")"
         start_mount "127.0.0.1:$port" "$CASE_DIR/diod-mnt" --aname "$export"
         posix_checks "$CASE_DIR/diod-mnt"
+        mkdir "$CASE_DIR/diod-mnt/cases"
+        out="$("$PY" "$(dirname "$0")/posix_cases.py" "$CASE_DIR/diod-mnt/cases" 2>&1)" || die "on diod: $out"
+        log "diod: $(tail -1 <<<"$out")"
         stop_mount "$CASE_DIR/diod-mnt"
     fi
 }

@@ -881,7 +881,11 @@ pub async fn mount(addr: &str, dir: &Path, aname: &str, allow_other: bool) -> Re
         MountOption::Subtype("9p".into()),
     ];
     if allow_other {
+        // The kernel serves cached names and attributes without asking the server, so it must
+        // check permissions itself too, or another user could use a path that root's lookup
+        // left in its cache. The server checks again on everything it is asked.
         options.push(MountOption::AllowOther);
+        options.push(MountOption::DefaultPermissions);
     }
     let session = fuser::spawn_mount2(fs, dir, &options)
         .map_err(|e| format!("mounting on {}: {e}", dir.display()))?;
