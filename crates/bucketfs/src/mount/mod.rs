@@ -1,0 +1,360 @@
+//! `bucketfs mount ADDR DIR`: a FUSE filesystem (fuser) that speaks 9P2000.L to any server,
+//! bucketfs's or another (diod). Each user that touches the mount is attached as itself (9P's
+//! access=user), so the server checks every permission and owns every new file correctly.
+//!
+//! Fids are kept per (uid, inode): a user's fid for an inode is walked from that user's fid for
+//! the inode's parent, by the name the kernel looked it up by. If the connection breaks, the
+//! next request reconnects and walks again; open files are reopened (without truncating) on
+//! their next read or write.
+
+mod fuse_ops;
+
+use bucketfs_ninep::client::{Attr, Client, Res, SetAttr};
+use fuser::{
+    FileAttr, FileType, Filesystem, MountOption, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
+    ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
+};
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// How long the kernel may trust attributes and names without asking again (like v9fs's
+/// cache=none with a short attribute cache): other clients' changes show within this.
+const ATTR_TTL: Duration = Duration::from_secs(1);
+/// The msize asked of the server.
+const MSIZE_BYTES: u32 = 512 * 1024;
+/// Bytes asked per Treaddir.
+const READDIR_BYTES: u32 = 64 * 1024;
+const AT_REMOVEDIR: u32 = 0x200;
+/// Open flags passed to Tlopen: access mode, O_TRUNC, O_APPEND (O_CREAT/O_EXCL are the
+/// kernel's business, and the others mean nothing to the server).
+const OPEN_FLAGS_PASSED: i32 = libc::O_ACCMODE | libc::O_TRUNC | libc::O_APPEND;
+
+struct Node {
+    parent: u64,
+    name: Vec<u8>,
+    lookups: u64,
+}
+
+struct Handle {
+    uid: u32,
+    ino: u64,
+    /// Flags to reopen with after a reconnection (never O_TRUNC again).
+    flags: u32,
+    fid: Option<u32>,
+}
+
+pub struct Mount {
+    addr: String,
+    aname: Vec<u8>,
+    client: Option<Client>,
+    /// The server's inode number of the mount's root, which FUSE calls 1.
+    root: u64,
+    nodes: HashMap<u64, Node>,
+    fids: HashMap<(u32, u64), u32>,
+    handles: HashMap<u64, Handle>,
+    next_handle: u64,
+}
+
+impl Mount {
+    pub fn connect(addr: &str, aname: &str) -> Result<Mount, String> {
+        let mut client =
+            Client::connect(addr, MSIZE_BYTES).map_err(|e| format!("cannot reach {addr}: {e}"))?;
+        let uid = unsafe { libc::geteuid() };
+        let (fid, qid) = client.attach(uid, aname.as_bytes()).map_err(|errno| {
+            format!(
+                "attach to {addr} as uid {uid}, aname {aname:?}: {}",
+                std::io::Error::from_raw_os_error(errno)
+            )
+        })?;
+        let mut m = Mount {
+            addr: addr.to_string(),
+            aname: aname.as_bytes().to_vec(),
+            client: Some(client),
+            root: qid.path,
+            nodes: HashMap::new(),
+            fids: HashMap::new(),
+            handles: HashMap::new(),
+            next_handle: 1,
+        };
+        m.fids.insert((uid, qid.path), fid);
+        Ok(m)
+    }
+
+    /// FUSE's inode number for a server's, and back: the root is 1 (the server's own 1 takes
+    /// the root's number).
+    fn to_fuse(&self, ino: u64) -> u64 {
+        if ino == self.root {
+            fuser::FUSE_ROOT_ID
+        } else if ino == fuser::FUSE_ROOT_ID {
+            self.root
+        } else {
+            ino
+        }
+    }
+
+    fn to_server(&self, ino: u64) -> u64 {
+        self.to_fuse(ino)
+    }
+
+    /// The connection, made again if it broke (fids of the old one are forgotten).
+    fn client(&mut self) -> Res<&mut Client> {
+        if self.client.is_none() {
+            let c = Client::connect(&self.addr, MSIZE_BYTES).map_err(|e| {
+                tracing::warn!(addr = %self.addr, error = %e, "cannot reconnect to the 9P server");
+                libc::EIO
+            })?;
+            tracing::info!(addr = %self.addr, "reconnected to the 9P server");
+            self.fids.clear();
+            for h in self.handles.values_mut() {
+                h.fid = None;
+            }
+            self.client = Some(c);
+        }
+        Ok(self.client.as_mut().expect("connected above"))
+    }
+
+    /// Runs a request; EIO (a broken connection) drops the connection so the next one
+    /// reconnects.
+    fn call<T>(&mut self, f: impl FnOnce(&mut Client) -> Res<T>) -> Res<T> {
+        let r = f(self.client()?);
+        if matches!(r, Err(libc::EIO)) {
+            self.client = None;
+        }
+        r
+    }
+
+    /// Notices a server that hung up since the last request (a restart), before any fid of
+    /// the old connection is used: the next request connects again and walks afresh.
+    fn check_connection(&mut self) {
+        if self.client.as_ref().is_some_and(|c| c.is_broken()) {
+            tracing::warn!(addr = %self.addr, "the 9P server closed the connection");
+            self.client = None;
+            self.fids.clear();
+            for h in self.handles.values_mut() {
+                h.fid = None;
+            }
+        }
+    }
+
+    /// `uid`'s fid for the server inode `ino`.
+    fn fid(&mut self, uid: u32, ino: u64) -> Res<u32> {
+        self.check_connection();
+        if let Some(&f) = self.fids.get(&(uid, ino)) {
+            return Ok(f);
+        }
+        let fid = if ino == self.root {
+            let aname = self.aname.clone();
+            self.call(|c| c.attach(uid, &aname))?.0
+        } else {
+            let (parent, name) = match self.nodes.get(&ino) {
+                Some(n) => (n.parent, n.name.clone()),
+                None => return Err(libc::ESTALE),
+            };
+            let pfid = self.fid(uid, parent)?;
+            self.call(|c| c.walk(pfid, &[&name]))?.0
+        };
+        self.fids.insert((uid, ino), fid);
+        Ok(fid)
+    }
+
+    /// Looks `name` up in `parent` as `uid` and remembers the inode (one more kernel lookup).
+    fn lookup_as(&mut self, uid: u32, parent: u64, name: &[u8]) -> Res<FileAttr> {
+        let pfid = self.fid(uid, parent)?;
+        let (fid, _) = self.call(|c| c.walk(pfid, &[name]))?;
+        let attr = match self.call(|c| c.getattr(fid)) {
+            Ok(a) => a,
+            Err(e) => {
+                let _ = self.call(|c| c.clunk(fid));
+                return Err(e);
+            }
+        };
+        let ino = attr.qid.path;
+        let node = self.nodes.entry(ino).or_insert(Node {
+            parent,
+            name: name.to_vec(),
+            lookups: 0,
+        });
+        node.lookups += 1;
+        node.parent = parent;
+        node.name = name.to_vec();
+        if let Some(old) = self.fids.insert((uid, ino), fid) {
+            if old != fid {
+                let _ = self.call(|c| c.clunk(old));
+            }
+        }
+        Ok(self.file_attr(&attr))
+    }
+
+    fn file_attr(&self, a: &Attr) -> FileAttr {
+        let time =
+            |(sec, nsec): (u64, u64)| UNIX_EPOCH + Duration::new(sec, nsec.min(999_999_999) as u32);
+        let kind = match a.mode & libc::S_IFMT {
+            libc::S_IFDIR => FileType::Directory,
+            libc::S_IFLNK => FileType::Symlink,
+            libc::S_IFIFO => FileType::NamedPipe,
+            libc::S_IFSOCK => FileType::Socket,
+            libc::S_IFCHR => FileType::CharDevice,
+            libc::S_IFBLK => FileType::BlockDevice,
+            _ => FileType::RegularFile,
+        };
+        FileAttr {
+            ino: self.to_fuse(a.qid.path),
+            size: a.size,
+            blocks: a.blocks,
+            atime: time(a.atime),
+            mtime: time(a.mtime),
+            ctime: time(a.ctime),
+            crtime: time(a.btime),
+            kind,
+            perm: (a.mode & 0o7777) as u16,
+            nlink: a.nlink.min(u64::from(u32::MAX)) as u32,
+            uid: a.uid,
+            gid: a.gid,
+            rdev: a.rdev as u32,
+            blksize: a.blksize.clamp(512, 1 << 20) as u32,
+            flags: 0,
+        }
+    }
+
+    fn getattr_as(&mut self, uid: u32, ino: u64) -> Res<FileAttr> {
+        let fid = self.fid(uid, ino)?;
+        let a = self.call(|c| c.getattr(fid))?;
+        Ok(self.file_attr(&a))
+    }
+
+    /// The open fid of a handle, reopened after a reconnection.
+    fn handle_fid(&mut self, fh: u64) -> Res<u32> {
+        self.check_connection();
+        let (uid, ino, flags, fid) = match self.handles.get(&fh) {
+            Some(h) => (h.uid, h.ino, h.flags, h.fid),
+            None => return Err(libc::EBADF),
+        };
+        if let Some(f) = fid {
+            return Ok(f);
+        }
+        let base = self.fid(uid, ino)?;
+        let (f, _) = self.call(|c| c.walk(base, &[]))?;
+        self.call(|c| c.lopen(f, flags))?;
+        if let Some(h) = self.handles.get_mut(&fh) {
+            h.fid = Some(f);
+        }
+        Ok(f)
+    }
+
+    fn new_handle(&mut self, uid: u32, ino: u64, flags: u32, fid: u32) -> u64 {
+        let fh = self.next_handle;
+        self.next_handle += 1;
+        self.handles.insert(
+            fh,
+            Handle {
+                uid,
+                ino,
+                flags: flags & !(libc::O_TRUNC as u32),
+                fid: Some(fid),
+            },
+        );
+        fh
+    }
+
+    fn open_as(&mut self, uid: u32, ino: u64, flags: u32) -> Res<u64> {
+        let base = self.fid(uid, ino)?;
+        let (f, _) = self.call(|c| c.walk(base, &[]))?;
+        if let Err(e) = self.call(|c| c.lopen(f, flags)) {
+            let _ = self.call(|c| c.clunk(f));
+            return Err(e);
+        }
+        Ok(self.new_handle(uid, ino, flags, f))
+    }
+
+    fn release_handle(&mut self, fh: u64) {
+        if let Some(Handle { fid: Some(f), .. }) = self.handles.remove(&fh) {
+            let _ = self.call(|c| c.clunk(f));
+        }
+    }
+
+    /// unlinkat, or on servers without it, Tremove of a walked fid.
+    fn remove_as(&mut self, uid: u32, parent: u64, name: &[u8], flags: u32) -> Res<()> {
+        let d = self.fid(uid, parent)?;
+        match self.call(|c| c.unlinkat(d, name, flags)) {
+            Err(libc::EOPNOTSUPP) => {
+                let (f, _) = self.call(|c| c.walk(d, &[name]))?;
+                self.call(|c| c.remove(f))
+            }
+            r => r,
+        }
+    }
+
+    /// After a rename: the moved inode's new name and parent, if the kernel knows it, and no
+    /// fid cached for it or below it. Path-based servers (diod) keep a fid's path as it was
+    /// walked, so those fids would name the old place; they are walked again when needed.
+    fn moved(&mut self, parent: u64, name: &[u8], newparent: u64, newname: &[u8]) {
+        let mut moved = Vec::new();
+        for (&ino, n) in self.nodes.iter_mut() {
+            if n.parent == parent && n.name == name {
+                n.parent = newparent;
+                n.name = newname.to_vec();
+                moved.push(ino);
+            }
+        }
+        if moved.is_empty() {
+            return;
+        }
+        let under = |mut ino: u64, nodes: &HashMap<u64, Node>| {
+            for _ in 0..nodes.len() + 1 {
+                if moved.contains(&ino) {
+                    return true;
+                }
+                match nodes.get(&ino) {
+                    Some(n) if n.parent != ino => ino = n.parent,
+                    _ => return false,
+                }
+            }
+            false
+        };
+        let stale: Vec<((u32, u64), u32)> = self
+            .fids
+            .iter()
+            .filter(|((_, ino), _)| *ino != self.root && under(*ino, &self.nodes))
+            .map(|(&k, &f)| (k, f))
+            .collect();
+        for (key, fid) in stale {
+            self.fids.remove(&key);
+            let _ = self.call(|c| c.clunk(fid));
+        }
+    }
+}
+
+/// Mounts `addr`'s `aname` on `dir` until SIGINT or SIGTERM, then unmounts.
+pub async fn mount(addr: &str, dir: &Path, aname: &str, allow_other: bool) -> Result<(), String> {
+    let fs = Mount::connect(addr, aname)?;
+    let mut options = vec![
+        MountOption::FSName(format!("bucketfs:{addr}")),
+        MountOption::Subtype("9p".into()),
+    ];
+    if allow_other {
+        // The kernel serves cached names and attributes without asking the server, so it must
+        // check permissions itself too, or another user could use a path that root's lookup
+        // left in its cache. The server checks again on everything it is asked.
+        options.push(MountOption::AllowOther);
+        options.push(MountOption::DefaultPermissions);
+    }
+    let session = fuser::spawn_mount2(fs, dir, &options)
+        .map_err(|e| format!("mounting on {}: {e}", dir.display()))?;
+    tracing::info!(%addr, dir = %dir.display(), "mounted; SIGINT or SIGTERM unmounts");
+    // Until a signal, or until the session ends by itself (`umount DIR`).
+    let ended = async {
+        while !session.guard.is_finished() {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    };
+    tokio::select! {
+        _ = crate::run::wait_for_shutdown() => {}
+        _ = ended => {}
+    }
+    drop(session);
+    tracing::info!(dir = %dir.display(), "unmounted");
+    Ok(())
+}

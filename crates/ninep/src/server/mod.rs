@@ -1,0 +1,316 @@
+//! Serving 9P2000.L connections: the frame loop (many tags in flight, Tflush cancelling one)
+//! and the fid table; requests.rs maps each request onto the filesystem core. Errors reach the
+//! client as Rlerror with the errno `FsError::errno` gives.
+
+mod requests;
+
+use crate::limits::{
+    FIDS_PER_CONNECTION_MAX, MSIZE_MAX, MSIZE_MIN, READDIR_ENTRIES_PER_PAGE, REQUESTS_IN_FLIGHT_MAX,
+};
+use crate::record_locks::{self, Owner, RecordLocks};
+use crate::wire::{self, DecodeError, LockRequest, Qid, Reply, Request, SetattrRequest};
+use bucketfs_fs::Fs;
+use bucketfs_fs::{
+    Caller, FsError, Inode, Kind, RenameFlags, SetAttr, Time, XattrMode, MAY_READ, MAY_WRITE,
+};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::io;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpListener, UnixListener};
+use tokio::sync::{mpsc, Semaphore};
+use tracing::{debug, info_span, warn, Instrument};
+
+const VERSION_9P2000_L: &[u8] = b"9P2000.L";
+
+/// One 9P server: the filesystem it serves and what its connections share.
+pub struct Server {
+    fs: Arc<Fs>,
+    locks: RecordLocks,
+    connections: AtomicU64,
+}
+
+/// A fid's state.
+#[derive(Clone)]
+struct Fid {
+    ino: u64,
+    caller: Arc<Caller>,
+    /// The directory and name it was reached by (what Tremove and Trename need).
+    parent: Option<(u64, Vec<u8>)>,
+    open: Option<Open>,
+    xattr: Option<Arc<Mutex<Xattr>>>,
+}
+
+#[derive(Clone, Copy)]
+struct Open {
+    read: bool,
+    write: bool,
+    append: bool,
+    /// Counted in the filesystem's open handles (files), released at clunk.
+    handle: bool,
+}
+
+enum Xattr {
+    /// A value or a list of names, read with Tread.
+    Reading(Vec<u8>),
+    /// A value being written with Twrite, set at Tclunk.
+    Writing {
+        name: Vec<u8>,
+        size: u64,
+        flags: u32,
+        data: Vec<u8>,
+    },
+}
+
+struct Connection {
+    id: u64,
+    server: Arc<Server>,
+    fids: Mutex<HashMap<u32, Fid>>,
+    msize: AtomicU32,
+    /// Requests being served, by tag, so that Tflush can cancel one.
+    in_flight: Mutex<HashMap<u16, tokio::task::AbortHandle>>,
+    replies: mpsc::UnboundedSender<Vec<u8>>,
+}
+
+type Answer = Result<Reply, FsError>;
+
+fn einval(why: &str) -> FsError {
+    FsError::Invalid(why.to_string())
+}
+
+fn ebadf() -> FsError {
+    FsError::Invalid("unknown fid".into())
+}
+
+impl Server {
+    pub fn new(fs: Arc<Fs>) -> Arc<Server> {
+        Arc::new(Server {
+            fs,
+            locks: RecordLocks::default(),
+            connections: AtomicU64::new(0),
+        })
+    }
+
+    /// Accepts 9P clients on a TCP listener forever, one task per connection.
+    pub async fn serve_tcp(self: Arc<Self>, listener: TcpListener) -> io::Result<()> {
+        loop {
+            match listener.accept().await {
+                Ok((stream, peer)) => {
+                    let _ = stream.set_nodelay(true);
+                    let span = info_span!("9p", %peer);
+                    self.clone().spawn_connection(stream, span);
+                }
+                Err(error) => {
+                    warn!(%error, "accepting a 9P connection failed; retrying");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+            }
+        }
+    }
+
+    /// Accepts 9P clients on a unix socket forever.
+    pub async fn serve_unix(self: Arc<Self>, listener: UnixListener) -> io::Result<()> {
+        loop {
+            match listener.accept().await {
+                Ok((stream, _)) => {
+                    let span = info_span!("9p", peer = "unix");
+                    self.clone().spawn_connection(stream, span);
+                }
+                Err(error) => {
+                    warn!(%error, "accepting a 9P connection failed; retrying");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+            }
+        }
+    }
+
+    fn spawn_connection<S>(self: Arc<Self>, stream: S, span: tracing::Span)
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        tokio::spawn(
+            async move {
+                match self.serve_connection(stream).await {
+                    Ok(()) => debug!("client disconnected"),
+                    Err(error) => debug!(%error, "connection closed"),
+                }
+            }
+            .instrument(span),
+        );
+    }
+
+    /// Serves one client over any byte stream until it disconnects or breaks the framing.
+    pub async fn serve_connection<S>(self: Arc<Self>, stream: S) -> io::Result<()>
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let (mut rd, mut wr) = tokio::io::split(stream);
+        let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
+        let writer = tokio::spawn(async move {
+            while let Some(frame) = rx.recv().await {
+                wr.write_all(&frame).await?;
+                // Send what is queued together, then flush once.
+                while let Ok(more) = rx.try_recv() {
+                    wr.write_all(&more).await?;
+                }
+                wr.flush().await?;
+            }
+            Ok::<_, io::Error>(())
+        });
+        let conn = Arc::new(Connection {
+            id: self.connections.fetch_add(1, Ordering::Relaxed) + 1,
+            server: self.clone(),
+            fids: Mutex::default(),
+            msize: AtomicU32::new(MSIZE_MIN),
+            in_flight: Mutex::default(),
+            replies: tx,
+        });
+        let slots = Arc::new(Semaphore::new(REQUESTS_IN_FLIGHT_MAX));
+        let result = conn.clone().read_loop(&mut rd, &slots).await;
+        // The client is gone: cancel what it asked, release what it held.
+        for (_, h) in conn.in_flight.lock().drain() {
+            h.abort();
+        }
+        conn.clunk_all().await;
+        self.locks.release_connection(conn.id);
+        drop(conn);
+        let _ = writer.await;
+        result
+    }
+}
+
+impl Connection {
+    async fn read_loop<R: AsyncRead + Unpin>(
+        self: Arc<Self>,
+        rd: &mut R,
+        slots: &Arc<Semaphore>,
+    ) -> io::Result<()> {
+        loop {
+            let mut size = [0u8; 4];
+            match rd.read_exact(&mut size).await {
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
+                Err(e) => return Err(e),
+            }
+            let size = u32::from_le_bytes(size);
+            let msize = self.msize.load(Ordering::Relaxed).max(MSIZE_MIN);
+            if (size as usize) < wire::HEADER_BYTES || size > msize.max(MSIZE_MIN) {
+                // No reply can be framed for a message whose size is a lie: close.
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("message of {size} bytes (msize {msize})"),
+                ));
+            }
+            let mut frame = vec![0u8; size as usize - 4];
+            rd.read_exact(&mut frame).await?;
+            let kind = frame[0];
+            let tag = u16::from_le_bytes([frame[1], frame[2]]);
+            let request = match wire::decode(kind, &frame[3..]) {
+                Ok(r) => r,
+                Err(e) => {
+                    let errno = match e {
+                        DecodeError::UnknownType(_) => libc::EOPNOTSUPP,
+                        DecodeError::TooLong("name") => libc::ENAMETOOLONG,
+                        _ => libc::EINVAL,
+                    };
+                    debug!(kind, ?e, "malformed request");
+                    self.send(Reply::error(tag, errno));
+                    continue;
+                }
+            };
+            match request {
+                // Version resets the session: it waits for nothing and cancels everything.
+                Request::Version { msize, version } => {
+                    for (_, h) in self.in_flight.lock().drain() {
+                        h.abort();
+                    }
+                    self.clunk_all().await;
+                    let msize = msize.clamp(MSIZE_MIN, MSIZE_MAX);
+                    self.msize.store(msize, Ordering::Relaxed);
+                    let mut r = Reply::new(101, tag);
+                    let known = version.starts_with(VERSION_9P2000_L);
+                    r.u32(msize)
+                        .string(if known { VERSION_9P2000_L } else { b"unknown" });
+                    self.send(r);
+                }
+                Request::Flush { oldtag } => {
+                    // Under the lock that a finishing request takes to send its reply: either
+                    // that reply is already queued (and precedes Rflush) or it never will be.
+                    let mut in_flight = self.in_flight.lock();
+                    if let Some(h) = in_flight.remove(&oldtag) {
+                        h.abort();
+                    }
+                    let _ = self.replies.send(Reply::new(109, tag).finish());
+                }
+                request => {
+                    let permit = slots
+                        .clone()
+                        .acquire_owned()
+                        .await
+                        .expect("the semaphore is never closed");
+                    let conn = self.clone();
+                    let mut in_flight = self.in_flight.lock();
+                    if in_flight.contains_key(&tag) {
+                        drop(in_flight);
+                        self.send(Reply::error(tag, libc::EINVAL));
+                        continue;
+                    }
+                    let task = tokio::spawn(async move {
+                        let reply = match conn.handle(tag, kind, request).await {
+                            Ok(r) => r,
+                            Err(e) => {
+                                if let FsError::Engine(_) | FsError::Damaged(..) = e {
+                                    warn!(error = %e, "9P request failed");
+                                }
+                                Reply::error(tag, e.errno())
+                            }
+                        };
+                        let mut in_flight = conn.in_flight.lock();
+                        if in_flight.remove(&tag).is_some() {
+                            let _ = conn.replies.send(reply.finish());
+                        }
+                        drop(permit);
+                    });
+                    in_flight.insert(tag, task.abort_handle());
+                }
+            }
+        }
+    }
+
+    fn send(&self, r: Reply) {
+        let _ = self.replies.send(r.finish());
+    }
+
+    fn fid(&self, fid: u32) -> Result<Fid, FsError> {
+        self.fids.lock().get(&fid).cloned().ok_or_else(ebadf)
+    }
+
+    fn insert_fid(&self, fid: u32, f: Fid) -> Result<(), FsError> {
+        let mut fids = self.fids.lock();
+        if fids.len() >= FIDS_PER_CONNECTION_MAX && !fids.contains_key(&fid) {
+            return Err(FsError::Invalid("too many fids".into()));
+        }
+        fids.insert(fid, f);
+        Ok(())
+    }
+
+    fn fs(&self) -> &Fs {
+        &self.server.fs
+    }
+
+    async fn clunk_all(&self) {
+        let fids: Vec<Fid> = self.fids.lock().drain().map(|(_, f)| f).collect();
+        for f in fids {
+            if f.open.is_some_and(|o| o.handle) {
+                let _ = self.fs().release_handle(f.ino).await;
+            }
+        }
+    }
+
+    fn max_payload(&self) -> usize {
+        // Rread: header, count[4].
+        self.msize.load(Ordering::Relaxed) as usize - wire::HEADER_BYTES - 4
+    }
+}
