@@ -4,11 +4,12 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[allow(dead_code)]
 #[path = "../../crates/nbd/tests/nbd/common.rs"]
 mod common;
+#[path = "common/session.rs"]
+mod session;
 
 /// One set of exports for every run: allocating them (18 MiB) per input would dominate.
 fn exports() -> std::sync::Arc<dyn bucketfs_nbd::Exports> {
@@ -24,28 +25,11 @@ fuzz_target!(|data: &[u8]| {
         .build()
         .expect("a runtime");
     rt.block_on(async {
-        let (mut client, server) = tokio::io::duplex(1 << 16);
-        let serve = bucketfs_nbd::serve_connection(server, exports(), Default::default());
-        let talk = async move {
-            let (mut rx, mut tx) = tokio::io::split(&mut client);
-            let send = async {
-                let _ = tx.write_all(data).await;
-                let _ = tx.shutdown().await;
-            };
-            let drain = async {
-                let mut sink = vec![0u8; 1 << 16];
-                while let Ok(n) = rx.read(&mut sink).await {
-                    if n == 0 {
-                        break;
-                    }
-                }
-            };
-            tokio::join!(send, drain);
-        };
-        let ended = tokio::time::timeout(std::time::Duration::from_secs(600), async {
-            tokio::join!(serve, talk)
-        })
+        session::play(
+            data,
+            |server| bucketfs_nbd::serve_connection(server, exports(), Default::default()),
+            std::time::Duration::from_secs(600),
+        )
         .await;
-        assert!(ended.is_ok(), "the session did not end after the input did");
     });
 });

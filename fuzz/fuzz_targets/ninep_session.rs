@@ -1,7 +1,10 @@
 //! A whole 9P2000.L session from a hostile client: the fuzzer's bytes are everything the client
-//! sends, against the filesystem core over a `memory://` engine shared by every run. The
+//! sends, against the filesystem core over a `memory://` engine that runs share. The
 //! server must end the session (error or end of input) without panicking or hanging.
 #![no_main]
+
+#[path = "common/session.rs"]
+mod session;
 
 use bucketfs_engine::bucket::open_url;
 use bucketfs_engine::{Engine, EngineOptions};
@@ -9,7 +12,6 @@ use bucketfs_fs::Fs;
 use bucketfs_ninep::Server;
 use libfuzzer_sys::fuzz_target;
 use std::sync::{Arc, Mutex};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Runs on one runtime and filesystem before both are made anew: opening an engine per input
 /// would dominate, and one kept forever would hold everything every input created (the
@@ -53,28 +55,11 @@ fn world() -> (tokio::runtime::Handle, Arc<Server>) {
 fuzz_target!(|data: &[u8]| {
     let (rt, server) = world();
     rt.block_on(async {
-        let (mut client, stream) = tokio::io::duplex(1 << 16);
-        let serve = server.clone().serve_connection(stream);
-        let talk = async move {
-            let (mut rx, mut tx) = tokio::io::split(&mut client);
-            let send = async {
-                let _ = tx.write_all(data).await;
-                let _ = tx.shutdown().await;
-            };
-            let drain = async {
-                let mut sink = vec![0u8; 1 << 16];
-                while let Ok(n) = rx.read(&mut sink).await {
-                    if n == 0 {
-                        break;
-                    }
-                }
-            };
-            tokio::join!(send, drain);
-        };
-        let ended = tokio::time::timeout(std::time::Duration::from_secs(60), async {
-            tokio::join!(serve, talk)
-        })
+        session::play(
+            data,
+            |stream| server.serve_connection(stream),
+            std::time::Duration::from_secs(60),
+        )
         .await;
-        assert!(ended.is_ok(), "the session did not end after the input did");
     });
 });

@@ -396,15 +396,7 @@ impl Filesystem for Mount {
                 return reply.ok();
             }
             for e in entries {
-                let kind = match u32::from(e.kind) << 12 {
-                    libc::S_IFDIR => FileType::Directory,
-                    libc::S_IFLNK => FileType::Symlink,
-                    libc::S_IFIFO => FileType::NamedPipe,
-                    libc::S_IFSOCK => FileType::Socket,
-                    libc::S_IFCHR => FileType::CharDevice,
-                    libc::S_IFBLK => FileType::BlockDevice,
-                    _ => FileType::RegularFile,
-                };
+                let kind = file_type(u32::from(e.kind) << 12);
                 let ino = self.to_fuse(e.qid.path);
                 if reply.add(ino, e.offset as i64, kind, OsStr::from_bytes(&e.name)) {
                     return reply.ok();

@@ -191,15 +191,7 @@ impl Mount {
     fn file_attr(&self, a: &Attr) -> FileAttr {
         let time =
             |(sec, nsec): (u64, u64)| UNIX_EPOCH + Duration::new(sec, nsec.min(999_999_999) as u32);
-        let kind = match a.mode & libc::S_IFMT {
-            libc::S_IFDIR => FileType::Directory,
-            libc::S_IFLNK => FileType::Symlink,
-            libc::S_IFIFO => FileType::NamedPipe,
-            libc::S_IFSOCK => FileType::Socket,
-            libc::S_IFCHR => FileType::CharDevice,
-            libc::S_IFBLK => FileType::BlockDevice,
-            _ => FileType::RegularFile,
-        };
+        let kind = file_type(a.mode);
         FileAttr {
             ino: self.to_fuse(a.qid.path),
             size: a.size,
@@ -324,6 +316,19 @@ impl Mount {
             self.fids.remove(&key);
             let _ = self.call(|c| c.clunk(fid));
         }
+    }
+}
+
+/// FUSE's file type for the type bits of a mode (a directory entry's d_type shifted left 12).
+fn file_type(mode: u32) -> FileType {
+    match mode & libc::S_IFMT {
+        libc::S_IFDIR => FileType::Directory,
+        libc::S_IFLNK => FileType::Symlink,
+        libc::S_IFIFO => FileType::NamedPipe,
+        libc::S_IFSOCK => FileType::Socket,
+        libc::S_IFCHR => FileType::CharDevice,
+        libc::S_IFBLK => FileType::BlockDevice,
+        _ => FileType::RegularFile,
     }
 }
 
