@@ -164,7 +164,8 @@ run_case() {
     log "$(tail -1 "$CASE_DIR/fsx.log")"
     rm -f "$m"/fsx*
 
-    # fsync is durable across kill -9; the mount reconnects and an open file goes on.
+    # fsync is durable across kill -9; the mount reconnects and an open file goes on; a write
+    # no fsync covered before the kill fails the next fsync (EIO, once).
     "$PY" - "$m" "$CASE_DIR/step" <<'EOF' &
 import os, sys, time
 m, step = sys.argv[1], sys.argv[2]
@@ -176,6 +177,10 @@ held = open(m + "/held", "wb")
 held.write(b"before")
 held.flush()
 os.fsync(held.fileno())
+# Written, never fsynced: the server's crash may lose it, and fsync must then say so.
+unsynced = os.open(m + "/unsynced", os.O_WRONLY | os.O_CREAT, 0o644)
+os.fsync(unsynced)
+os.write(unsynced, b"maybe lost")
 open(step, "w").write("synced")
 while open(step).read().strip() != "restarted":
     time.sleep(0.1)
@@ -185,6 +190,13 @@ held.flush()
 os.fsync(held.fileno())
 held.close()
 assert open(m + "/held", "rb").read() == b"before and after", open(m + "/held", "rb").read()
+try:
+    os.fsync(unsynced)
+    raise SystemExit("fsync succeeded after the server lost a write it never made durable")
+except OSError as e:
+    assert e.errno == 5, e  # EIO, once
+os.fsync(unsynced)
+os.close(unsynced)
 EOF
     local py=$!
     wait_for 30 grep -q synced "$CASE_DIR/step" || die "the fsync step did not run"

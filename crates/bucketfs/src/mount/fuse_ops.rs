@@ -92,6 +92,7 @@ impl Filesystem for Mount {
         if let Some(sz) = size {
             s.valid |= 0x8;
             s.size = sz;
+            self.write_errors.wrote(ino);
         }
         if let Some(t) = atime {
             s.valid |= 0x10;
@@ -321,6 +322,11 @@ impl Filesystem for Mount {
         _lock_owner: Option<u64>,
         reply: ReplyWrite,
     ) {
+        // Marked before it is sent: a write whose reply the broken connection lost may or
+        // may not have reached the server.
+        if let Some(h) = self.handles.get(&fh) {
+            self.write_errors.wrote(h.ino);
+        }
         let mut done = 0usize;
         let r = (|| {
             while done < data.len() {
@@ -358,10 +364,7 @@ impl Filesystem for Mount {
     }
 
     fn fsync(&mut self, _req: &Request<'_>, _ino: u64, fh: u64, datasync: bool, reply: ReplyEmpty) {
-        let r = self
-            .handle_fid(fh)
-            .and_then(|f| self.call(|c| c.fsync(f, datasync)));
-        match r {
+        match self.fsync_handle(fh, datasync) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
         }

@@ -5,9 +5,11 @@
 //! Fids are kept per (uid, inode): a user's fid for an inode is walked from that user's fid for
 //! the inode's parent, by the name the kernel looked it up by. If the connection breaks, the
 //! next request reconnects and walks again; open files are reopened (without truncating) on
-//! their next read or write.
+//! their next read or write. Writes that no fsync covered when the connection broke are
+//! reported by the next fsync of their file (write_errors.rs).
 
 mod fuse_ops;
+mod write_errors;
 
 use bucketfs_ninep::client::{Attr, Client, Res, SetAttr};
 use fuser::{
@@ -44,6 +46,8 @@ struct Handle {
     /// Flags to reopen with after a reconnection (never O_TRUNC again).
     flags: u32,
     fid: Option<u32>,
+    /// The write-loss mark this descriptor has seen (write_errors.rs).
+    seen_losses: u64,
 }
 
 pub struct Mount {
@@ -56,6 +60,7 @@ pub struct Mount {
     fids: HashMap<(u32, u64), u32>,
     handles: HashMap<u64, Handle>,
     next_handle: u64,
+    write_errors: write_errors::WriteErrors,
 }
 
 impl Mount {
@@ -78,6 +83,7 @@ impl Mount {
             fids: HashMap::new(),
             handles: HashMap::new(),
             next_handle: 1,
+            write_errors: Default::default(),
         };
         m.fids.insert((uid, qid.path), fid);
         Ok(m)
@@ -107,10 +113,6 @@ impl Mount {
                 libc::EIO
             })?;
             tracing::info!(addr = %self.addr, "reconnected to the 9P server");
-            self.fids.clear();
-            for h in self.handles.values_mut() {
-                h.fid = None;
-            }
             self.client = Some(c);
         }
         Ok(self.client.as_mut().expect("connected above"))
@@ -121,9 +123,19 @@ impl Mount {
     fn call<T>(&mut self, f: impl FnOnce(&mut Client) -> Res<T>) -> Res<T> {
         let r = f(self.client()?);
         if matches!(r, Err(libc::EIO)) {
-            self.client = None;
+            self.drop_connection();
         }
         r
+    }
+
+    /// Forgets the connection and every fid of it; writes not yet fsynced may be lost.
+    fn drop_connection(&mut self) {
+        self.client = None;
+        self.fids.clear();
+        for h in self.handles.values_mut() {
+            h.fid = None;
+        }
+        self.write_errors.connection_lost();
     }
 
     /// Notices a server that hung up since the last request (a restart), before any fid of
@@ -131,11 +143,7 @@ impl Mount {
     fn check_connection(&mut self) {
         if self.client.as_ref().is_some_and(|c| c.is_broken()) {
             tracing::warn!(addr = %self.addr, "the 9P server closed the connection");
-            self.client = None;
-            self.fids.clear();
-            for h in self.handles.values_mut() {
-                h.fid = None;
-            }
+            self.drop_connection();
         }
     }
 
@@ -239,6 +247,7 @@ impl Mount {
     fn new_handle(&mut self, uid: u32, ino: u64, flags: u32, fid: u32) -> u64 {
         let fh = self.next_handle;
         self.next_handle += 1;
+        let seen_losses = self.write_errors.sample(ino);
         self.handles.insert(
             fh,
             Handle {
@@ -246,8 +255,12 @@ impl Mount {
                 ino,
                 flags: flags & !(libc::O_TRUNC as u32),
                 fid: Some(fid),
+                seen_losses,
             },
         );
+        if flags & libc::O_TRUNC as u32 != 0 {
+            self.write_errors.wrote(ino);
+        }
         fh
     }
 
@@ -262,9 +275,26 @@ impl Mount {
     }
 
     fn release_handle(&mut self, fh: u64) {
-        if let Some(Handle { fid: Some(f), .. }) = self.handles.remove(&fh) {
+        let Some(h) = self.handles.remove(&fh) else {
+            return;
+        };
+        if let Some(f) = h.fid {
             let _ = self.call(|c| c.clunk(f));
         }
+        if !self.handles.values().any(|o| o.ino == h.ino) {
+            self.write_errors.forget(h.ino);
+        }
+    }
+
+    /// fsync through a handle; a write lost since the handle last looked fails it (EIO).
+    fn fsync_handle(&mut self, fh: u64, datasync: bool) -> Res<()> {
+        let r = self
+            .handle_fid(fh)
+            .and_then(|f| self.call(|c| c.fsync(f, datasync)));
+        let Some(h) = self.handles.get_mut(&fh) else {
+            return r;
+        };
+        self.write_errors.fsynced(h.ino, &mut h.seen_losses, r)
     }
 
     /// unlinkat, or on servers without it, Tremove of a walked fid.
