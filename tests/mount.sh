@@ -7,30 +7,12 @@
 set -euo pipefail
 # shellcheck source=tests/lib.sh
 source "$(dirname "$0")/lib.sh"
+# shellcheck source=tests/fusemount.sh
+source "$(dirname "$0")/fusemount.sh"
 
 requires diod setpriv mountpoint nbdinfo
 [[ -c /dev/fuse ]] || skip "no /dev/fuse"
 PY=/usr/bin/python3
-
-MOUNT_PID=""
-
-start_mount() { # ADDR DIR [ARGS...]
-    local addr="$1" dir="$2"
-    shift 2
-    mkdir -p "$dir"
-    "$BUCKETFS" mount "$addr" "$dir" --allow-other "$@" >>"$CASE_DIR/mount.log" 2>&1 &
-    MOUNT_PID=$!
-    register_pid "$MOUNT_PID"
-    register_mount "$dir"
-    wait_for 30 mountpoint -q "$dir" || die "bucketfs mount $addr $dir did not mount: $(cat "$CASE_DIR/mount.log")"
-}
-
-stop_mount() { # DIR
-    kill -TERM "$MOUNT_PID"
-    wait "$MOUNT_PID" || die "bucketfs mount did not exit 0 on SIGTERM: $(tail -5 "$CASE_DIR/mount.log")"
-    MOUNT_PID=""
-    if mountpoint -q "$1"; then die "$1 is still mounted after SIGTERM"; fi
-}
 
 # POSIX operations any 9P2000.L server must get right; with "full", also user xattrs and a file
 # unlinked while open (diod, which serves paths, answers ENOENT to a read of such a file).

@@ -32,6 +32,8 @@ set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 # shellcheck source=tests/blockstack.sh
 source "$(dirname "$0")/blockstack.sh"
+# shellcheck source=tests/pgcheck.sh
+source "$(dirname "$0")/pgcheck.sh"
 
 EXPORT_NAME=pgvol
 VOLUME_SIZE=2G
@@ -194,67 +196,6 @@ outage_json() {
         "$BUCKETFS_TEST_PYTHON" -c 'import json, sys; print(json.dumps(json.load(sys.stdin)["store_outage"]))'
 }
 
-# --- assertions: report each, fail the backend at the end ---------------------------------------
-
-FAILED=()
-ok() { echo "ok - pg_outage [$BACKEND] $*"; }
-not_ok() {
-    echo "not ok - pg_outage [$BACKEND] $*"
-    FAILED+=("$*")
-}
-check() { # check DESCRIPTION CMD...
-    local what=$1
-    shift
-    if "$@"; then ok "$what"; else not_ok "$what"; fi
-}
-# A step the rest depends on: on failure, report with the logs and stop this backend.
-must() {
-    local what=$1
-    shift
-    "$@" && return 0
-    not_ok "$what"
-    echo "----- PostgreSQL log tail -----" >&2
-    pg_log_tail 30 >&2
-    die "$what (failed checks: ${#FAILED[@]})"
-}
-
-pgbench_run() { # pgbench_run LOG ARG...
-    local log=$1
-    shift
-    timeout "$STEP_TIMEOUT_SECONDS" "$PG_BIN/pgbench" -h "$PG_SOCK" -p "$PG_PORT" -U postgres \
-        "$@" postgres >"$log" 2>&1 || {
-        tail -n 5 "$log" >&2
-        return 1
-    }
-}
-
-sql() { timeout "$STEP_TIMEOUT_SECONDS" "$PG_BIN/psql" -h "$PG_SOCK" -p "$PG_PORT" -U postgres \
-    -d postgres -XAtq -v ON_ERROR_STOP=1 -c "$1"; }
-
-# sum(abalance)|sum(bbalance)|sum(tbalance)|sum(delta)|history rows. Each tpcb-like transaction
-# adds one delta to all four sums (pgbench runs with -n, so history is never truncated): they
-# agree exactly when every transaction is wholly present or wholly absent.
-pgbench_sums() {
-    sql "SELECT (SELECT sum(abalance) FROM pgbench_accounts), (SELECT sum(bbalance) FROM pgbench_branches),
-                (SELECT sum(tbalance) FROM pgbench_tellers), (SELECT coalesce(sum(delta), 0) FROM pgbench_history),
-                (SELECT count(*) FROM pgbench_history)"
-}
-balances_agree() {
-    local a b t d
-    IFS='|' read -r a b t d _ <<<"$1"
-    [[ -n $a && $a == "$b" && $b == "$t" && $t == "$d" ]]
-}
-
-amcheck_clean() {
-    local out
-    if out=$(timeout "$STEP_TIMEOUT_SECONDS" "$PG_BIN/pg_amcheck" -h "$PG_SOCK" -p "$PG_PORT" \
-        -U postgres --all --install-missing --heapallindexed 2>&1); then
-        return 0
-    fi
-    head -n 40 <<<"$out" >&2
-    return 1
-}
-
 # The lines of the bucketfs log from line $1 on that contain $2, without the terminal colours
 # of its tracing output; log_since_mentions only says whether there is one.
 log_since_has() { tail -n +"$1" "$BUCKETFS_LOG" | sed 's/\x1b\[[0-9;]*m//g' | grep -F -- "$2"; }
@@ -315,9 +256,9 @@ ride_out() {
         not_ok "TPS about 0 during the outage, back to half its level within $RECOVER_WITHIN_S s"
     fi
     sed 's/^/    /' "$CASE_DIR/timeline.txt" >&2
-    sums=$(pgbench_sums) || sums=""
-    history=${sums##*|}
-    log "sum(abalance)|sum(bbalance)|sum(tbalance)|sum(delta)|history rows = $sums"
+    sums=$(fingerprint) || sums=""
+    history=$(cut -d'|' -f4 <<<"$sums")
+    log "$FINGERPRINT_FIELDS = $sums"
     check "pgbench_history holds every transaction pgbench counted ($history rows >= ${processed:-?})" \
         at_least "$history" "$processed"
     check "pgbench balances agree" balances_agree "$sums"
@@ -401,7 +342,7 @@ past_timeout() {
     log "crash recovery took $((SECONDS - t0)) s: $(grep -E 'redo (starts|done)' "$PG_LOG" |
         tail -n 2 | sed 's/.*LOG: *//' | tr '\n' ' ' || true)"
     check "pg_amcheck --all --heapallindexed finds no corruption after recovery" amcheck_clean
-    out=$(pgbench_sums) || out=""
+    out=$(fingerprint) || out=""
     check "pgbench balances agree after recovery" balances_agree "$out"
     check "the recovered database takes writes (pgbench -T 5)" \
         pgbench_run "$CASE_DIR/pgbench-after.log" -n -T 5 -c 2

@@ -23,6 +23,8 @@ set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 # shellcheck source=tests/blockstack.sh
 source "$(dirname "$0")/blockstack.sh"
+# shellcheck source=tests/pgcheck.sh
+source "$(dirname "$0")/pgcheck.sh"
 
 requires nbdfuse fusermount3 losetup mkfs.ext4 e2fsck fuser pgrep timeout comm
 requires "$PG_BIN/postgres" "$PG_BIN/pgbench" "$PG_BIN/pg_amcheck" "$PG_BIN/psql"
@@ -97,63 +99,6 @@ server_log_tail() {
     fi
 }
 
-# --- assertions: report each, fail the backend at the end ---------------------------------------
-
-FAILED=()
-ok() { echo "ok - postgres [$BACKEND] $*"; }
-not_ok() {
-    echo "not ok - postgres [$BACKEND] $*"
-    FAILED+=("$*")
-}
-check() { # check DESCRIPTION CMD...
-    local what=$1
-    shift
-    if "$@"; then ok "$what"; else not_ok "$what"; fi
-}
-# A step the rest depends on: on failure, report with the logs and stop this backend.
-must() {
-    local what=$1
-    shift
-    "$@" && return 0
-    not_ok "$what"
-    echo "----- PostgreSQL log tail -----" >&2
-    pg_log_tail 30 >&2
-    die "$what (failed checks: ${#FAILED[@]})"
-}
-
-# --- helpers over the database ----------------------------------------------------------------
-
-pgbench_run() { # pgbench_run LOG ARG...
-    local log=$1
-    shift
-    timeout "$STEP_TIMEOUT_SECONDS" "$PG_BIN/pgbench" -h "$PG_SOCK" -p "$PG_PORT" -U postgres \
-        "$@" postgres >"$log" 2>&1 || {
-        tail -n 5 "$log" >&2
-        return 1
-    }
-}
-
-sql() { timeout "$STEP_TIMEOUT_SECONDS" "$PG_BIN/psql" -h "$PG_SOCK" -p "$PG_PORT" -U postgres \
-    -d postgres -XAtq -v ON_ERROR_STOP=1 -c "$1"; }
-
-# Row counts of the four pgbench tables and the sums of their balances, '|'-separated.
-fingerprint() {
-    sql "SELECT (SELECT count(*) FROM pgbench_accounts), (SELECT count(*) FROM pgbench_branches),
-                (SELECT count(*) FROM pgbench_tellers), (SELECT count(*) FROM pgbench_history),
-                (SELECT sum(abalance) FROM pgbench_accounts), (SELECT sum(bbalance) FROM pgbench_branches),
-                (SELECT sum(tbalance) FROM pgbench_tellers), (SELECT coalesce(sum(delta), 0) FROM pgbench_history)"
-}
-FINGERPRINT_FIELDS="accounts|branches|tellers|history|sum(abalance)|sum(bbalance)|sum(tbalance)|sum(delta)"
-
-# Each tpcb-like transaction adds one delta to an account, a teller and a branch and logs it in
-# history (pgbench runs with -n so history is never truncated): the four sums agree exactly when
-# every transaction is wholly present or wholly absent.
-balances_agree() {
-    local a b t h
-    IFS='|' read -r _ _ _ _ a b t h <<<"$1"
-    [[ -n $a && $a == "$b" && $b == "$t" && $t == "$h" ]]
-}
-
 fsck_clean() { # e2fsck -f -n on the attached, unmounted device finds nothing to fix
     local out rc=0
     out=$(stack_fsck_check) || rc=$?
@@ -164,23 +109,6 @@ fsck_clean() { # e2fsck -f -n on the attached, unmounted device finds nothing to
         sed 's/^/    e2fsck: /' <<<"$out" >&2
     fi
     return "$rc"
-}
-
-# Insert 1, 2, 3, ... one autocommit statement per psql; append n to ACKED only after psql
-# reported success, i.e. after COMMIT returned. Stops at the first failure.
-acks_client() {
-    local acked=$1 n=0
-    trap - ERR
-    while :; do
-        n=$((n + 1))
-        if timeout 30 "$PG_BIN/psql" -h "$PG_SOCK" -p "$PG_PORT" -U postgres -d postgres -XAtq \
-            -v ON_ERROR_STOP=1 -c "INSERT INTO acks VALUES ($n)" >/dev/null 2>&1; then
-            echo "$n" >>"$acked"
-        else
-            echo "$n" >"$acked.failed"
-            return 0
-        fi
-    done
 }
 
 # --- the case ---------------------------------------------------------------------------------
@@ -235,39 +163,13 @@ run_case() {
     # --- 2. crash: SIGKILL the NBD server and nbdfuse under load -------------------------------
     must "create table acks" sql "CREATE TABLE acks (n int PRIMARY KEY)"
     check "synchronous_commit is on" test "$(sql "SHOW synchronous_commit")" == on
-    local acked=$CASE_DIR/acked pgbench_pid acks_pid i
-    : >"$acked"
-    # Expected to fail when the device dies: run outside errexit and the ERR trap.
-    (
-        trap - ERR
-        set +e
-        timeout $((CRASH_AFTER_SECONDS + 120)) "$PG_BIN/pgbench" -h "$PG_SOCK" -p "$PG_PORT" \
-            -U postgres -n -T 60 -c 4 -j 2 -P 1 postgres >"$CASE_DIR/pgbench-crash.log" 2>&1
-    ) &
-    pgbench_pid=$!
-    acks_client "$acked" &
-    acks_pid=$!
+    crash_load_start "$CASE_DIR" 60
     sleep "$CRASH_AFTER_SECONDS"
     server_kill9
     stack_kill9_nbdfuse
     log "SIGKILLed $SERVER and nbdfuse $CRASH_AFTER_SECONDS s into the load"
-
-    # PostgreSQL PANICs on the I/O errors and the clients fail; stop whatever lingers.
-    for ((i = 0; i < 300; i++)); do
-        pid_alive "$acks_pid" || pid_alive "$pgbench_pid" || break
-        sleep 0.1
-    done
-    kill "$acks_pid" "$pgbench_pid" 2>/dev/null || true
-    wait "$acks_pid" 2>/dev/null || true
-    wait "$pgbench_pid" 2>/dev/null || true
-    local acked_count last_acked history_before
-    history_before=$(cut -d'|' -f4 <<<"$after")
-    acked_count=$(wc -l <"$acked")
-    last_acked=$(tail -n 1 "$acked")
-    last_acked=${last_acked:-0}
-    log "acknowledged inserts before the kill: $acked_count (last $last_acked); pgbench's last" \
-        "progress: $(grep '^progress' "$CASE_DIR/pgbench-crash.log" | tail -n 1 || true)"
-    check "the acks client had commits acknowledged before the kill" test "$acked_count" -gt 0
+    # PostgreSQL PANICs on the I/O errors and the clients fail.
+    crash_load_reap
 
     if ! pg_wait_gone 20; then
         log "PostgreSQL still running 20 s after the kill; pg_ctl stop -m immediate"
@@ -299,34 +201,7 @@ run_case() {
     log "crash recovery took $((SECONDS - t0)) s: $(grep -E 'redo (starts|done)' "$PG_LOG" |
         tail -n 2 | sed 's/.*LOG: *//' | tr '\n' ' ' || true)"
 
-    local missing count_present max_present
-    sql "SELECT n FROM acks ORDER BY n" >"$CASE_DIR/acks-present"
-    missing=$(comm -23 <(sort "$acked") <(sort "$CASE_DIR/acks-present") | wc -l)
-    IFS='|' read -r count_present max_present <<<"$(sql "SELECT count(*), coalesce(max(n), 0) FROM acks")"
-    log "acks after recovery: $count_present rows (max $max_present); acknowledged $acked_count; missing $missing"
-    check "every acknowledged commit survived the crash ($acked_count acknowledged, $missing missing)" \
-        test "$missing" -eq 0
-    check "acks is a prefix of the insert order (no holes)" test "$count_present" -eq "$max_present"
-    check "at most the one in-flight insert committed past the last acknowledged one" \
-        test "$max_present" -le $((last_acked + 1))
-
-    after=$(fingerprint || true)
-    log "after crash recovery: $FINGERPRINT_FIELDS = $after"
-    # Not asserted: pgbench's own count of what committed before the kill is not exact.
-    log "pgbench_history grew by $(($(cut -d'|' -f4 <<<"$after") - history_before)) rows in the" \
-        "crash run; pgbench's per-second progress adds up to about $(awk '/^progress/ { n += $4 }
-        END { printf "%d", n }' "$CASE_DIR/pgbench-crash.log") transactions"
-    check "pgbench balances agree after crash recovery (transactions atomic)" balances_agree "$after"
-    local amcheck_out
-    if amcheck_out=$(timeout "$STEP_TIMEOUT_SECONDS" "$PG_BIN/pg_amcheck" -h "$PG_SOCK" \
-        -p "$PG_PORT" -U postgres --all --install-missing --heapallindexed 2>&1); then
-        ok "pg_amcheck --all --heapallindexed finds no corruption"
-    else
-        not_ok "pg_amcheck --all --heapallindexed finds no corruption"
-        head -n 40 <<<"$amcheck_out" >&2
-    fi
-    check "the recovered database takes writes (pgbench -T 5)" \
-        pgbench_run "$CASE_DIR/pgbench-after.log" -n -T 5 -c 2
+    check_recovered "$after"
 
     must "stop PostgreSQL cleanly after recovery" pg_stop fast
     must "umount ext4 after recovery" stack_umount
