@@ -1,17 +1,24 @@
-//! A synchronous 9P2000.L client: one request in flight at a time over TCP or a unix socket.
-//! `bucketfs mount` drives it from FUSE's request loop, which hands it one request at a time.
-//! Every failure is an errno: the server's (Rlerror), or EIO when the connection breaks.
+//! A blocking 9P2000.L client over TCP or a unix socket that many threads share: each call
+//! sends its request under a fresh tag and waits for its own reply, which a reader thread
+//! hands over, so one slow request (an fsync) does not hold up the others. `bucketfs mount`
+//! runs its reads, writes and fsyncs on worker threads through it. Every failure is an errno:
+//! the server's (Rlerror), or EIO once the connection is broken.
 
 use crate::wire::{Qid, HEADER_BYTES, P9_NOFID, TLERROR_RLERROR};
+use std::collections::HashMap;
 use std::io::{self, Read, Write};
-use std::net::TcpStream;
+use std::net::{Shutdown, TcpStream};
 use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
 
 /// A result whose error is a Linux errno.
 pub type Res<T> = Result<T, i32>;
 
-trait Stream: Read + Write + Send {}
-impl<T: Read + Write + Send> Stream for T {}
+/// Tversion's tag (NOTAG); the others are taken from below TAG_LIMIT.
+const NOTAG: u16 = 0xffff;
+const TAG_LIMIT: u16 = 0xfff0;
+const TVERSION: u8 = 100;
 
 /// What Rgetattr answers.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -65,14 +72,76 @@ pub struct SetAttr {
     pub mtime: (u64, u64),
 }
 
+enum Socket {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl Socket {
+    fn try_clone(&self) -> io::Result<Socket> {
+        Ok(match self {
+            Socket::Tcp(s) => Socket::Tcp(s.try_clone()?),
+            Socket::Unix(s) => Socket::Unix(s.try_clone()?),
+        })
+    }
+    fn shutdown(&self) {
+        let _ = match self {
+            Socket::Tcp(s) => s.shutdown(Shutdown::Both),
+            Socket::Unix(s) => s.shutdown(Shutdown::Both),
+        };
+    }
+}
+
+impl Read for Socket {
+    fn read(&mut self, b: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Socket::Tcp(s) => s.read(b),
+            Socket::Unix(s) => s.read(b),
+        }
+    }
+}
+
+impl Write for Socket {
+    fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+        match self {
+            Socket::Tcp(s) => s.write(b),
+            Socket::Unix(s) => s.write(b),
+        }
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A reply: its message type and body.
+type Reply = (u8, Vec<u8>);
+
+/// What the callers and the reader thread share.
+struct Shared {
+    /// Callers waiting, by tag. Cleared when the connection breaks, which wakes them all.
+    waiting: Mutex<HashMap<u16, mpsc::SyncSender<Reply>>>,
+    broken: AtomicBool,
+}
+
+impl Shared {
+    fn break_off(&self) {
+        self.broken.store(true, Ordering::SeqCst);
+        self.waiting.lock().expect("client lock").clear();
+    }
+}
+
 pub struct Client {
-    stream: Box<dyn Stream>,
-    /// The socket's descriptor, to see whether the server hung up between requests.
-    fd: std::os::fd::RawFd,
+    writer: Mutex<Socket>,
+    shared: Arc<Shared>,
     msize: u32,
-    tag: u16,
-    next_fid: u32,
-    free_fids: Vec<u32>,
+    next_tag: Mutex<u16>,
+    fids: Mutex<Fids>,
+}
+
+#[derive(Default)]
+struct Fids {
+    next: u32,
+    free: Vec<u32>,
 }
 
 /// A request body under construction.
@@ -156,36 +225,25 @@ impl Client {
     /// Connects to `addr`: `HOST:PORT`, or the path of a unix socket (starting with `/` or
     /// `unix:`), and negotiates 9P2000.L with at most `msize`.
     pub fn connect(addr: &str, msize: u32) -> io::Result<Client> {
-        use std::os::fd::AsRawFd;
-        let (stream, fd): (Box<dyn Stream>, _) = match addr.strip_prefix("unix:") {
-            Some(path) => {
-                let s = UnixStream::connect(path)?;
-                let fd = s.as_raw_fd();
-                (Box::new(s), fd)
-            }
-            None if addr.starts_with('/') => {
-                let s = UnixStream::connect(addr)?;
-                let fd = s.as_raw_fd();
-                (Box::new(s), fd)
-            }
+        let mut socket = match addr.strip_prefix("unix:") {
+            Some(path) => Socket::Unix(UnixStream::connect(path)?),
+            None if addr.starts_with('/') => Socket::Unix(UnixStream::connect(addr)?),
             None => {
                 let s = TcpStream::connect(addr)?;
                 s.set_nodelay(true)?;
-                let fd = s.as_raw_fd();
-                (Box::new(s), fd)
+                Socket::Tcp(s)
             }
         };
-        let mut c = Client {
-            stream,
-            fd,
-            msize: crate::limits::MSIZE_MIN,
-            tag: 0,
-            next_fid: 1,
-            free_fids: Vec::new(),
-        };
-        let mut r = c
-            .rpc(100, Body::default().u32(msize).s(b"9P2000.L"))
-            .map_err(io::Error::from_raw_os_error)?;
+        // Tversion before anything else is in flight: its reply sets the frame limit.
+        let body = Body::default().u32(msize).s(b"9P2000.L");
+        write_frame(&mut socket, TVERSION, NOTAG, &body)?;
+        let (kind, _, reply) = read_frame(&mut socket, msize.max(crate::limits::MSIZE_MIN))?;
+        let mut r = Parse::new(reply);
+        if kind != TVERSION + 1 {
+            return Err(io::Error::other(format!(
+                "{addr} refused Tversion (reply type {kind})"
+            )));
+        }
         let server_msize = r.u32().map_err(io::Error::from_raw_os_error)?;
         let version = r.s().map_err(io::Error::from_raw_os_error)?;
         if version != b"9P2000.L" {
@@ -194,21 +252,29 @@ impl Client {
                 String::from_utf8_lossy(&version)
             )));
         }
-        c.msize = server_msize.min(msize);
-        Ok(c)
+        let msize = server_msize.min(msize);
+        let shared = Arc::new(Shared {
+            waiting: Mutex::new(HashMap::new()),
+            broken: AtomicBool::new(false),
+        });
+        let reader = socket.try_clone()?;
+        let for_reader = shared.clone();
+        std::thread::Builder::new()
+            .name("9p-client-reader".into())
+            .spawn(move || read_replies(reader, msize, &for_reader))?;
+        Ok(Client {
+            writer: Mutex::new(socket),
+            shared,
+            msize,
+            next_tag: Mutex::new(0),
+            fids: Mutex::new(Fids::default()),
+        })
     }
 
-    /// Whether the server hung up (or sent something unasked) since the last reply: between
-    /// requests nothing may arrive, so anything readable means the connection is over.
+    /// Whether the connection is over (the server hung up, or a request could not be sent);
+    /// every request answers EIO from then on.
     pub fn is_broken(&self) -> bool {
-        let mut p = libc::pollfd {
-            fd: self.fd,
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one pollfd, owned here, for a descriptor the stream keeps open.
-        let n = unsafe { libc::poll(&mut p, 1, 0) };
-        n != 0
+        self.shared.broken.load(Ordering::SeqCst)
     }
 
     /// The largest read or write payload one request carries.
@@ -216,46 +282,52 @@ impl Client {
         self.msize as usize - HEADER_BYTES - 4 - 4 - 8 - 4
     }
 
-    fn alloc_fid(&mut self) -> u32 {
-        self.free_fids.pop().unwrap_or_else(|| {
-            self.next_fid += 1;
-            self.next_fid
+    fn alloc_fid(&self) -> u32 {
+        let mut f = self.fids.lock().expect("client lock");
+        f.free.pop().unwrap_or_else(|| {
+            f.next += 1;
+            f.next
         })
     }
 
-    fn rpc_raw(&mut self, kind: u8, body: Body) -> io::Result<(u8, Vec<u8>)> {
-        // Tag 0xffff is NOTAG (Tversion's); the others cycle.
-        self.tag = if kind == 100 {
-            0xffff
-        } else {
-            self.tag.wrapping_add(1) % 0xfff0
+    fn free_fid(&self, fid: u32) {
+        self.fids.lock().expect("client lock").free.push(fid);
+    }
+
+    fn rpc_raw(&self, kind: u8, body: Body) -> io::Result<Reply> {
+        let (tx, rx) = mpsc::sync_channel(1);
+        let tag = {
+            let mut waiting = self.shared.waiting.lock().expect("client lock");
+            if self.is_broken() {
+                return Err(io::ErrorKind::BrokenPipe.into());
+            }
+            let mut next = self.next_tag.lock().expect("client lock");
+            // A tag still waiting for its reply is skipped; there are far fewer callers than tags.
+            loop {
+                *next = (*next + 1) % TAG_LIMIT;
+                if !waiting.contains_key(&*next) {
+                    break;
+                }
+            }
+            waiting.insert(*next, tx);
+            *next
         };
-        let mut frame = ((HEADER_BYTES + body.0.len()) as u32)
-            .to_le_bytes()
-            .to_vec();
-        frame.push(kind);
-        frame.extend_from_slice(&self.tag.to_le_bytes());
-        frame.extend_from_slice(&body.0);
-        self.stream.write_all(&frame)?;
-        loop {
-            let mut size = [0u8; 4];
-            self.stream.read_exact(&mut size)?;
-            let size = u32::from_le_bytes(size) as usize;
-            if size < HEADER_BYTES || size > self.msize.max(crate::limits::MSIZE_MIN) as usize {
-                return Err(io::Error::new(io::ErrorKind::InvalidData, "bad reply size"));
-            }
-            let mut rest = vec![0u8; size - 4];
-            self.stream.read_exact(&mut rest)?;
-            let tag = u16::from_le_bytes([rest[1], rest[2]]);
-            // A reply to an earlier, abandoned request: skip it.
-            if tag == self.tag {
-                return Ok((rest[0], rest[3..].to_vec()));
-            }
+        let sent = write_frame(
+            &mut *self.writer.lock().expect("client lock"),
+            kind,
+            tag,
+            &body,
+        );
+        if let Err(e) = sent {
+            self.shared.break_off();
+            return Err(e);
         }
+        // The reader hands the reply over, or drops the sender when the connection breaks.
+        rx.recv().map_err(|_| io::ErrorKind::BrokenPipe.into())
     }
 
     /// One request and its reply's body; an Rlerror becomes its errno, a broken connection EIO.
-    fn rpc(&mut self, kind: u8, body: Body) -> Res<Parse> {
+    fn rpc(&self, kind: u8, body: Body) -> Res<Parse> {
         let (rkind, b) = self.rpc_raw(kind, body).map_err(|_| libc::EIO)?;
         let mut p = Parse::new(b);
         if rkind == TLERROR_RLERROR {
@@ -268,7 +340,7 @@ impl Client {
     }
 
     /// Attaches as `uid` to `aname`; answers the root fid and its qid.
-    pub fn attach(&mut self, uid: u32, aname: &[u8]) -> Res<(u32, Qid)> {
+    pub fn attach(&self, uid: u32, aname: &[u8]) -> Res<(u32, Qid)> {
         let fid = self.alloc_fid();
         let body = Body::default()
             .u32(fid)
@@ -279,7 +351,7 @@ impl Client {
         match self.rpc(104, body) {
             Ok(mut p) => Ok((fid, p.qid()?)),
             Err(e) => {
-                self.free_fids.push(fid);
+                self.free_fid(fid);
                 Err(e)
             }
         }
@@ -287,7 +359,7 @@ impl Client {
 
     /// Walks `names` from `fid` to a new fid (a clone when `names` is empty); all of them or
     /// ENOENT.
-    pub fn walk(&mut self, fid: u32, names: &[&[u8]]) -> Res<(u32, Option<Qid>)> {
+    pub fn walk(&self, fid: u32, names: &[&[u8]]) -> Res<(u32, Option<Qid>)> {
         let newfid = self.alloc_fid();
         let mut body = Body::default().u32(fid).u32(newfid).u16(names.len() as u16);
         for n in names {
@@ -307,25 +379,25 @@ impl Client {
         match result {
             Ok(q) => Ok((newfid, q)),
             Err(e) => {
-                self.free_fids.push(newfid);
+                self.free_fid(newfid);
                 Err(e)
             }
         }
     }
 
-    pub fn clunk(&mut self, fid: u32) -> Res<()> {
+    pub fn clunk(&self, fid: u32) -> Res<()> {
         let r = self.rpc(120, Body::default().u32(fid)).map(|_| ());
         // The fid is gone whatever the answer (9P: clunk always frees it).
-        self.free_fids.push(fid);
+        self.free_fid(fid);
         r
     }
 
-    pub fn lopen(&mut self, fid: u32, flags: u32) -> Res<Qid> {
+    pub fn lopen(&self, fid: u32, flags: u32) -> Res<Qid> {
         self.rpc(12, Body::default().u32(fid).u32(flags))?.qid()
     }
 
     /// Creates `name` in the directory `fid`, which then stands for the new file, open.
-    pub fn lcreate(&mut self, fid: u32, name: &[u8], flags: u32, mode: u32, gid: u32) -> Res<Qid> {
+    pub fn lcreate(&self, fid: u32, name: &[u8], flags: u32, mode: u32, gid: u32) -> Res<Qid> {
         let body = Body::default()
             .u32(fid)
             .s(name)
@@ -335,14 +407,14 @@ impl Client {
         self.rpc(14, body)?.qid()
     }
 
-    pub fn read(&mut self, fid: u32, offset: u64, count: u32) -> Res<Vec<u8>> {
+    pub fn read(&self, fid: u32, offset: u64, count: u32) -> Res<Vec<u8>> {
         let count = count.min(self.io_size() as u32);
         let mut p = self.rpc(116, Body::default().u32(fid).u64(offset).u32(count))?;
         let n = p.u32()? as usize;
         Ok(p.take(n)?.to_vec())
     }
 
-    pub fn write(&mut self, fid: u32, offset: u64, data: &[u8]) -> Res<u32> {
+    pub fn write(&self, fid: u32, offset: u64, data: &[u8]) -> Res<u32> {
         let data = &data[..data.len().min(self.io_size())];
         let body = Body::default()
             .u32(fid)
@@ -352,7 +424,7 @@ impl Client {
         self.rpc(118, body)?.u32()
     }
 
-    pub fn getattr(&mut self, fid: u32) -> Res<Attr> {
+    pub fn getattr(&self, fid: u32) -> Res<Attr> {
         let mut p = self.rpc(24, Body::default().u32(fid).u64(0x3fff))?;
         p.u64()?;
         Ok(Attr {
@@ -373,7 +445,7 @@ impl Client {
         })
     }
 
-    pub fn setattr(&mut self, fid: u32, s: &SetAttr) -> Res<()> {
+    pub fn setattr(&self, fid: u32, s: &SetAttr) -> Res<()> {
         let body = Body::default()
             .u32(fid)
             .u32(s.valid)
@@ -388,7 +460,7 @@ impl Client {
         self.rpc(26, body).map(|_| ())
     }
 
-    pub fn readdir(&mut self, fid: u32, offset: u64, count: u32) -> Res<Vec<DirEntry>> {
+    pub fn readdir(&self, fid: u32, offset: u64, count: u32) -> Res<Vec<DirEntry>> {
         let count = count.min(self.io_size() as u32);
         let mut p = self.rpc(40, Body::default().u32(fid).u64(offset).u32(count))?;
         let n = p.u32()? as usize;
@@ -405,19 +477,19 @@ impl Client {
         Ok(out)
     }
 
-    pub fn mkdir(&mut self, dfid: u32, name: &[u8], mode: u32, gid: u32) -> Res<Qid> {
+    pub fn mkdir(&self, dfid: u32, name: &[u8], mode: u32, gid: u32) -> Res<Qid> {
         self.rpc(72, Body::default().u32(dfid).s(name).u32(mode).u32(gid))?
             .qid()
     }
 
-    pub fn symlink(&mut self, dfid: u32, name: &[u8], target: &[u8], gid: u32) -> Res<Qid> {
+    pub fn symlink(&self, dfid: u32, name: &[u8], target: &[u8], gid: u32) -> Res<Qid> {
         self.rpc(16, Body::default().u32(dfid).s(name).s(target).u32(gid))?
             .qid()
     }
 
     #[allow(clippy::too_many_arguments)]
     pub fn mknod(
-        &mut self,
+        &self,
         dfid: u32,
         name: &[u8],
         mode: u32,
@@ -435,18 +507,12 @@ impl Client {
         self.rpc(18, body)?.qid()
     }
 
-    pub fn link(&mut self, dfid: u32, fid: u32, name: &[u8]) -> Res<()> {
+    pub fn link(&self, dfid: u32, fid: u32, name: &[u8]) -> Res<()> {
         self.rpc(70, Body::default().u32(dfid).u32(fid).s(name))
             .map(|_| ())
     }
 
-    pub fn renameat(
-        &mut self,
-        olddir: u32,
-        oldname: &[u8],
-        newdir: u32,
-        newname: &[u8],
-    ) -> Res<()> {
+    pub fn renameat(&self, olddir: u32, oldname: &[u8], newdir: u32, newname: &[u8]) -> Res<()> {
         let body = Body::default()
             .u32(olddir)
             .s(oldname)
@@ -456,28 +522,28 @@ impl Client {
     }
 
     /// Trename: the older form servers without renameat (diod) answer.
-    pub fn rename(&mut self, fid: u32, dfid: u32, name: &[u8]) -> Res<()> {
+    pub fn rename(&self, fid: u32, dfid: u32, name: &[u8]) -> Res<()> {
         self.rpc(20, Body::default().u32(fid).u32(dfid).s(name))
             .map(|_| ())
     }
 
     /// Tremove: removes what `fid` names and frees the fid, whatever the answer.
-    pub fn remove(&mut self, fid: u32) -> Res<()> {
+    pub fn remove(&self, fid: u32) -> Res<()> {
         let r = self.rpc(122, Body::default().u32(fid)).map(|_| ());
-        self.free_fids.push(fid);
+        self.free_fid(fid);
         r
     }
 
-    pub fn unlinkat(&mut self, dfid: u32, name: &[u8], flags: u32) -> Res<()> {
+    pub fn unlinkat(&self, dfid: u32, name: &[u8], flags: u32) -> Res<()> {
         self.rpc(76, Body::default().u32(dfid).s(name).u32(flags))
             .map(|_| ())
     }
 
-    pub fn readlink(&mut self, fid: u32) -> Res<Vec<u8>> {
+    pub fn readlink(&self, fid: u32) -> Res<Vec<u8>> {
         self.rpc(22, Body::default().u32(fid))?.s()
     }
 
-    pub fn statfs(&mut self, fid: u32) -> Res<StatFs> {
+    pub fn statfs(&self, fid: u32) -> Res<StatFs> {
         let mut p = self.rpc(8, Body::default().u32(fid))?;
         p.u32()?;
         let bsize = p.u32()?;
@@ -495,18 +561,18 @@ impl Client {
         })
     }
 
-    pub fn fsync(&mut self, fid: u32, datasync: bool) -> Res<()> {
+    pub fn fsync(&self, fid: u32, datasync: bool) -> Res<()> {
         self.rpc(50, Body::default().u32(fid).u32(u32::from(datasync)))
             .map(|_| ())
     }
 
     /// Reads the attribute `name` (or, empty, the list of names) of `fid` whole.
-    pub fn xattr_get(&mut self, fid: u32, name: &[u8]) -> Res<Vec<u8>> {
+    pub fn xattr_get(&self, fid: u32, name: &[u8]) -> Res<Vec<u8>> {
         let xfid = self.alloc_fid();
         let size = match self.rpc(30, Body::default().u32(fid).u32(xfid).s(name)) {
             Ok(mut p) => p.u64()?,
             Err(e) => {
-                self.free_fids.push(xfid);
+                self.free_fid(xfid);
                 return Err(e);
             }
         };
@@ -526,13 +592,7 @@ impl Client {
     }
 
     /// Sets (or, with None, removes) the attribute `name` of `fid`; `flags` are setxattr's.
-    pub fn xattr_set(
-        &mut self,
-        fid: u32,
-        name: &[u8],
-        value: Option<&[u8]>,
-        flags: u32,
-    ) -> Res<()> {
+    pub fn xattr_set(&self, fid: u32, name: &[u8], value: Option<&[u8]>, flags: u32) -> Res<()> {
         let (xfid, _) = self.walk(fid, &[])?;
         let (size, flags) = match value {
             Some(v) => (v.len() as u64, flags),
@@ -558,4 +618,52 @@ impl Client {
         // The server sets the attribute at clunk and answers its error there.
         self.clunk(xfid)
     }
+}
+
+impl Drop for Client {
+    /// Shutting the socket down ends the reader thread.
+    fn drop(&mut self) {
+        if let Ok(w) = self.writer.lock() {
+            w.shutdown();
+        }
+    }
+}
+
+fn write_frame(w: &mut impl Write, kind: u8, tag: u16, body: &Body) -> io::Result<()> {
+    let mut frame = ((HEADER_BYTES + body.0.len()) as u32)
+        .to_le_bytes()
+        .to_vec();
+    frame.push(kind);
+    frame.extend_from_slice(&tag.to_le_bytes());
+    frame.extend_from_slice(&body.0);
+    w.write_all(&frame)
+}
+
+/// One frame: its type, tag and body. A size outside [header, limit] breaks the protocol.
+fn read_frame(r: &mut impl Read, limit: u32) -> io::Result<(u8, u16, Vec<u8>)> {
+    let mut size = [0u8; 4];
+    r.read_exact(&mut size)?;
+    let size = u32::from_le_bytes(size) as usize;
+    if size < HEADER_BYTES || size > limit as usize {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "bad reply size"));
+    }
+    let mut rest = vec![0u8; size - 4];
+    r.read_exact(&mut rest)?;
+    let tag = u16::from_le_bytes([rest[1], rest[2]]);
+    let kind = rest[0];
+    rest.drain(..3);
+    Ok((kind, tag, rest))
+}
+
+/// The reader thread: hands each reply to the caller waiting on its tag, until the connection
+/// ends or breaks the protocol; then every caller is woken with EIO.
+fn read_replies(mut socket: Socket, msize: u32, shared: &Shared) {
+    while let Ok((kind, tag, body)) = read_frame(&mut socket, msize.max(crate::limits::MSIZE_MIN)) {
+        let waiter = shared.waiting.lock().expect("client lock").remove(&tag);
+        // A reply nobody waits for (a tag never sent) is a broken server.
+        let Some(tx) = waiter else { break };
+        let _ = tx.send((kind, body));
+    }
+    shared.break_off();
+    socket.shutdown();
 }

@@ -92,7 +92,10 @@ impl Filesystem for Mount {
         if let Some(sz) = size {
             s.valid |= 0x8;
             s.size = sz;
-            self.write_errors.wrote(ino);
+            self.write_errors
+                .lock()
+                .expect("write errors lock")
+                .wrote(ino);
         }
         if let Some(t) = atime {
             s.valid |= 0x10;
@@ -290,24 +293,22 @@ impl Filesystem for Mount {
         _lock_owner: Option<u64>,
         reply: ReplyData,
     ) {
-        let mut out = Vec::with_capacity(size as usize);
-        let r = (|| {
+        let (c, f) = match self.io_fid(fh) {
+            Ok(x) => x,
+            Err(e) => return reply.error(e),
+        };
+        self.workers.run(move || {
+            let mut out = Vec::with_capacity(size as usize);
             while out.len() < size as usize {
-                let f = self.handle_fid(fh)?;
                 let at = offset as u64 + out.len() as u64;
-                let want = size - out.len() as u32;
-                let chunk = self.call(|c| c.read(f, at, want))?;
-                if chunk.is_empty() {
-                    break;
+                match c.read(f, at, size - out.len() as u32) {
+                    Ok(chunk) if chunk.is_empty() => break,
+                    Ok(chunk) => out.extend_from_slice(&chunk),
+                    Err(e) => return reply.error(e),
                 }
-                out.extend_from_slice(&chunk);
             }
-            Ok(())
-        })();
-        match r {
-            Ok(()) => reply.data(&out),
-            Err(e) => reply.error(e),
-        }
+            reply.data(&out)
+        });
     }
 
     fn write(
@@ -322,27 +323,23 @@ impl Filesystem for Mount {
         _lock_owner: Option<u64>,
         reply: ReplyWrite,
     ) {
-        // Marked before it is sent: a write whose reply the broken connection lost may or
-        // may not have reached the server.
-        if let Some(h) = self.handles.get(&fh) {
-            self.write_errors.wrote(h.ino);
-        }
-        let mut done = 0usize;
-        let r = (|| {
+        self.writing(fh);
+        let (c, f) = match self.io_fid(fh) {
+            Ok(x) => x,
+            Err(e) => return reply.error(e),
+        };
+        let data = data.to_vec();
+        self.workers.run(move || {
+            let mut done = 0usize;
             while done < data.len() {
-                let f = self.handle_fid(fh)?;
-                let n = self.call(|c| c.write(f, offset as u64 + done as u64, &data[done..]))?;
-                if n == 0 {
-                    return Err(libc::EIO);
+                match c.write(f, offset as u64 + done as u64, &data[done..]) {
+                    Ok(0) => return reply.error(libc::EIO),
+                    Ok(n) => done += n as usize,
+                    Err(e) => return reply.error(e),
                 }
-                done += n as usize;
             }
-            Ok(())
-        })();
-        match r {
-            Ok(()) => reply.written(done as u32),
-            Err(e) => reply.error(e),
-        }
+            reply.written(done as u32)
+        });
     }
 
     fn flush(&mut self, _req: &Request<'_>, _ino: u64, _fh: u64, _owner: u64, reply: ReplyEmpty) {
@@ -363,11 +360,26 @@ impl Filesystem for Mount {
         reply.ok();
     }
 
+    /// A write lost since this descriptor last looked fails the fsync (write_errors.rs).
     fn fsync(&mut self, _req: &Request<'_>, _ino: u64, fh: u64, datasync: bool, reply: ReplyEmpty) {
-        match self.fsync_handle(fh, datasync) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        let errors = self.write_errors.clone();
+        let (c, f) = match self.io_fid(fh) {
+            Ok(x) => x,
+            Err(e) => {
+                let r = errors
+                    .lock()
+                    .expect("write errors lock")
+                    .fsynced(fh, Err(e));
+                return reply.error(r.expect_err("an error stays one"));
+            }
+        };
+        self.workers.run(move || {
+            let r = c.fsync(f, datasync);
+            match errors.lock().expect("write errors lock").fsynced(fh, r) {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(e),
+            }
+        });
     }
 
     fn opendir(&mut self, req: &Request<'_>, ino: u64, _flags: i32, reply: ReplyOpen) {

@@ -7,6 +7,11 @@
 //! next request reconnects and walks again; open files are reopened (without truncating) on
 //! their next read or write. Writes that no fsync covered when the connection broke are
 //! reported by the next fsync of their file (write_errors.rs).
+//!
+//! FUSE's request loop handles one request at a time, so reads, writes and fsyncs leave it:
+//! the loop finds the open fid and hands the request to a worker thread, which sends it over
+//! the shared connection and replies. A small file's fsync then does not queue behind another
+//! process's stream of writes, and concurrent fsyncs reach the server together.
 
 mod fuse_ops;
 mod write_errors;
@@ -20,6 +25,7 @@ use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// How long the kernel may trust attributes and names without asking again (like v9fs's
@@ -33,6 +39,9 @@ const AT_REMOVEDIR: u32 = 0x200;
 /// Open flags passed to Tlopen: access mode, O_TRUNC, O_APPEND (O_CREAT/O_EXCL are the
 /// kernel's business, and the others mean nothing to the server).
 const OPEN_FLAGS_PASSED: i32 = libc::O_ACCMODE | libc::O_TRUNC | libc::O_APPEND;
+/// Threads running reads, writes and fsyncs: enough for every process that waits on the mount
+/// at once in the workloads we serve (PostgreSQL's backends, a build's jobs).
+const IO_WORKERS: usize = 16;
 
 struct Node {
     parent: u64,
@@ -46,26 +55,25 @@ struct Handle {
     /// Flags to reopen with after a reconnection (never O_TRUNC again).
     flags: u32,
     fid: Option<u32>,
-    /// The write-loss mark this descriptor has seen (write_errors.rs).
-    seen_losses: u64,
 }
 
 pub struct Mount {
     addr: String,
     aname: Vec<u8>,
-    client: Option<Client>,
+    client: Option<Arc<Client>>,
     /// The server's inode number of the mount's root, which FUSE calls 1.
     root: u64,
     nodes: HashMap<u64, Node>,
     fids: HashMap<(u32, u64), u32>,
     handles: HashMap<u64, Handle>,
     next_handle: u64,
-    write_errors: write_errors::WriteErrors,
+    write_errors: Arc<Mutex<write_errors::WriteErrors>>,
+    workers: Workers,
 }
 
 impl Mount {
     pub fn connect(addr: &str, aname: &str) -> Result<Mount, String> {
-        let mut client =
+        let client =
             Client::connect(addr, MSIZE_BYTES).map_err(|e| format!("cannot reach {addr}: {e}"))?;
         let uid = unsafe { libc::geteuid() };
         let (fid, qid) = client.attach(uid, aname.as_bytes()).map_err(|errno| {
@@ -77,13 +85,14 @@ impl Mount {
         let mut m = Mount {
             addr: addr.to_string(),
             aname: aname.as_bytes().to_vec(),
-            client: Some(client),
+            client: Some(Arc::new(client)),
             root: qid.path,
             nodes: HashMap::new(),
             fids: HashMap::new(),
             handles: HashMap::new(),
             next_handle: 1,
             write_errors: Default::default(),
+            workers: Workers::new(IO_WORKERS),
         };
         m.fids.insert((uid, qid.path), fid);
         Ok(m)
@@ -106,23 +115,23 @@ impl Mount {
     }
 
     /// The connection, made again if it broke (fids of the old one are forgotten).
-    fn client(&mut self) -> Res<&mut Client> {
+    fn client(&mut self) -> Res<Arc<Client>> {
         if self.client.is_none() {
             let c = Client::connect(&self.addr, MSIZE_BYTES).map_err(|e| {
                 tracing::warn!(addr = %self.addr, error = %e, "cannot reconnect to the 9P server");
                 libc::EIO
             })?;
             tracing::info!(addr = %self.addr, "reconnected to the 9P server");
-            self.client = Some(c);
+            self.client = Some(Arc::new(c));
         }
-        Ok(self.client.as_mut().expect("connected above"))
+        Ok(self.client.clone().expect("connected above"))
     }
 
-    /// Runs a request; EIO (a broken connection) drops the connection so the next one
-    /// reconnects.
-    fn call<T>(&mut self, f: impl FnOnce(&mut Client) -> Res<T>) -> Res<T> {
-        let r = f(self.client()?);
-        if matches!(r, Err(libc::EIO)) {
+    /// Runs a request; a broken connection is dropped so that the next request reconnects.
+    fn call<T>(&mut self, f: impl FnOnce(&Client) -> Res<T>) -> Res<T> {
+        let c = self.client()?;
+        let r = f(&c);
+        if matches!(r, Err(libc::EIO)) && c.is_broken() {
             self.drop_connection();
         }
         r
@@ -135,7 +144,10 @@ impl Mount {
         for h in self.handles.values_mut() {
             h.fid = None;
         }
-        self.write_errors.connection_lost();
+        self.write_errors
+            .lock()
+            .expect("write errors lock")
+            .connection_lost();
     }
 
     /// Notices a server that hung up since the last request (a restart), before any fid of
@@ -247,7 +259,6 @@ impl Mount {
     fn new_handle(&mut self, uid: u32, ino: u64, flags: u32, fid: u32) -> u64 {
         let fh = self.next_handle;
         self.next_handle += 1;
-        let seen_losses = self.write_errors.sample(ino);
         self.handles.insert(
             fh,
             Handle {
@@ -255,11 +266,12 @@ impl Mount {
                 ino,
                 flags: flags & !(libc::O_TRUNC as u32),
                 fid: Some(fid),
-                seen_losses,
             },
         );
+        let mut w = self.write_errors.lock().expect("write errors lock");
+        w.open(fh, ino);
         if flags & libc::O_TRUNC as u32 != 0 {
-            self.write_errors.wrote(ino);
+            w.wrote(ino);
         }
         fh
     }
@@ -275,26 +287,30 @@ impl Mount {
     }
 
     fn release_handle(&mut self, fh: u64) {
-        let Some(h) = self.handles.remove(&fh) else {
-            return;
-        };
-        if let Some(f) = h.fid {
+        self.write_errors
+            .lock()
+            .expect("write errors lock")
+            .release(fh);
+        if let Some(Handle { fid: Some(f), .. }) = self.handles.remove(&fh) {
             let _ = self.call(|c| c.clunk(f));
-        }
-        if !self.handles.values().any(|o| o.ino == h.ino) {
-            self.write_errors.forget(h.ino);
         }
     }
 
-    /// fsync through a handle; a write lost since the handle last looked fails it (EIO).
-    fn fsync_handle(&mut self, fh: u64, datasync: bool) -> Res<()> {
-        let r = self
-            .handle_fid(fh)
-            .and_then(|f| self.call(|c| c.fsync(f, datasync)));
-        let Some(h) = self.handles.get_mut(&fh) else {
-            return r;
-        };
-        self.write_errors.fsynced(h.ino, &mut h.seen_losses, r)
+    /// The open fid of a handle and the connection it belongs to, for a worker thread.
+    fn io_fid(&mut self, fh: u64) -> Res<(Arc<Client>, u32)> {
+        let f = self.handle_fid(fh)?;
+        Ok((self.client()?, f))
+    }
+
+    /// Notes a write or truncate of the open file `fh` (before it is sent: one whose reply a
+    /// broken connection lost may or may not have reached the server).
+    fn writing(&mut self, fh: u64) {
+        if let Some(h) = self.handles.get(&fh) {
+            self.write_errors
+                .lock()
+                .expect("write errors lock")
+                .wrote(h.ino);
+        }
     }
 
     /// unlinkat, or on servers without it, Tremove of a walked fid.
@@ -346,6 +362,37 @@ impl Mount {
             self.fids.remove(&key);
             let _ = self.call(|c| c.clunk(fid));
         }
+    }
+}
+
+/// A fixed pool of threads running jobs from a queue.
+struct Workers {
+    queue: mpsc::Sender<Box<dyn FnOnce() + Send>>,
+}
+
+impl Workers {
+    fn new(threads: usize) -> Workers {
+        let (queue, jobs) = mpsc::channel::<Box<dyn FnOnce() + Send>>();
+        let jobs = Arc::new(Mutex::new(jobs));
+        for i in 0..threads {
+            let jobs = jobs.clone();
+            std::thread::Builder::new()
+                .name(format!("mount-io-{i}"))
+                .spawn(move || loop {
+                    let job = jobs.lock().expect("worker queue lock").recv();
+                    match job {
+                        Ok(job) => job(),
+                        Err(_) => return,
+                    }
+                })
+                .expect("spawning the mount's I/O threads");
+        }
+        Workers { queue }
+    }
+
+    fn run(&self, job: impl FnOnce() + Send + 'static) {
+        // The threads live as long as the queue's sender, which is ours.
+        let _ = self.queue.send(Box::new(job));
     }
 }
 

@@ -18,6 +18,8 @@ pub(super) struct WriteErrors {
     unsynced: HashSet<u64>,
     /// Per inode, how many losses happened and whether an fsync reported the latest one.
     lost: HashMap<u64, Loss>,
+    /// Per open descriptor (FUSE file handle): its inode and the loss count it has seen.
+    seen: HashMap<u64, (u64, u64)>,
 }
 
 #[derive(Clone, Copy, Default)]
@@ -42,28 +44,27 @@ impl WriteErrors {
         }
     }
 
-    /// The mark a new descriptor of `ino` starts from: losses before it are not its concern,
-    /// unless none was reported yet.
-    pub fn sample(&self, ino: u64) -> u64 {
-        match self.lost.get(&ino) {
+    /// A descriptor `fh` of `ino` opens: losses before it are not its concern, unless none was
+    /// reported yet.
+    pub fn open(&mut self, fh: u64, ino: u64) {
+        let mark = match self.lost.get(&ino) {
             Some(l) if l.reported => l.count,
             _ => 0,
-        }
+        };
+        self.seen.insert(fh, (ino, mark));
     }
 
-    /// Called after an fsync of `ino` through a descriptor whose mark is `seen`: EIO if a loss
-    /// happened since that mark (the mark moves past it), else the fsync's own result. A
-    /// successful fsync makes everything written so far durable.
-    pub fn fsynced(
-        &mut self,
-        ino: u64,
-        seen: &mut u64,
-        result: Result<(), i32>,
-    ) -> Result<(), i32> {
+    /// After an fsync through `fh`: EIO if a loss happened since the descriptor last looked
+    /// (which it now has), else the fsync's own result. A successful fsync makes everything
+    /// written so far durable.
+    pub fn fsynced(&mut self, fh: u64, result: Result<(), i32>) -> Result<(), i32> {
+        let Some((ino, seen)) = self.seen.get_mut(&fh) else {
+            return result;
+        };
         if result.is_ok() {
-            self.unsynced.remove(&ino);
+            self.unsynced.remove(ino);
         }
-        match self.lost.get_mut(&ino) {
+        match self.lost.get_mut(ino) {
             Some(l) if l.count > *seen => {
                 *seen = l.count;
                 l.reported = true;
@@ -73,10 +74,15 @@ impl WriteErrors {
         }
     }
 
-    /// A file that no descriptor holds any more and that has nothing unreported forgets its
-    /// losses, so the map does not grow with every file ever written.
-    pub fn forget(&mut self, ino: u64) {
-        if self.lost.get(&ino).is_some_and(|l| l.reported) {
+    /// A descriptor closes. When no descriptor holds its file any more and nothing is left to
+    /// report, the file's losses are forgotten, so the map does not grow with every file.
+    pub fn release(&mut self, fh: u64) {
+        let Some((ino, _)) = self.seen.remove(&fh) else {
+            return;
+        };
+        if !self.seen.values().any(|(i, _)| *i == ino)
+            && self.lost.get(&ino).is_some_and(|l| l.reported)
+        {
             self.lost.remove(&ino);
         }
     }
@@ -89,45 +95,50 @@ mod tests {
     #[test]
     fn a_loss_is_reported_once_per_descriptor_then_fsync_works_again() {
         let mut w = WriteErrors::default();
-        let (mut a, mut b) = (w.sample(7), w.sample(7));
+        w.open(1, 7);
+        w.open(2, 7);
         w.wrote(7);
         w.connection_lost();
-        assert_eq!(w.fsynced(7, &mut a, Ok(())), Err(libc::EIO));
-        assert_eq!(w.fsynced(7, &mut a, Ok(())), Ok(()));
-        assert_eq!(w.fsynced(7, &mut b, Ok(())), Err(libc::EIO));
+        assert_eq!(w.fsynced(1, Ok(())), Err(libc::EIO));
+        assert_eq!(w.fsynced(1, Ok(())), Ok(()));
+        assert_eq!(w.fsynced(2, Ok(())), Err(libc::EIO));
         // Reported: a descriptor opened now does not see it.
-        let mut c = w.sample(7);
-        assert_eq!(w.fsynced(7, &mut c, Ok(())), Ok(()));
+        w.open(3, 7);
+        assert_eq!(w.fsynced(3, Ok(())), Ok(()));
     }
 
     #[test]
     fn an_unreported_loss_reaches_a_descriptor_opened_after_it() {
         let mut w = WriteErrors::default();
+        w.open(1, 3);
         w.wrote(3);
+        w.release(1);
         w.connection_lost();
-        let mut late = w.sample(3);
-        assert_eq!(w.fsynced(3, &mut late, Ok(())), Err(libc::EIO));
+        w.open(2, 3);
+        assert_eq!(w.fsynced(2, Ok(())), Err(libc::EIO));
+        w.release(2);
+        assert!(w.lost.is_empty() && w.seen.is_empty());
     }
 
     #[test]
     fn synced_or_untouched_files_lose_nothing() {
         let mut w = WriteErrors::default();
-        let mut a = w.sample(1);
+        w.open(1, 1);
         w.wrote(1);
-        assert_eq!(w.fsynced(1, &mut a, Ok(())), Ok(()));
+        assert_eq!(w.fsynced(1, Ok(())), Ok(()));
         w.connection_lost();
-        assert_eq!(w.fsynced(1, &mut a, Ok(())), Ok(()));
-        let mut other = w.sample(2);
-        assert_eq!(w.fsynced(2, &mut other, Ok(())), Ok(()));
+        assert_eq!(w.fsynced(1, Ok(())), Ok(()));
+        w.open(2, 2);
+        assert_eq!(w.fsynced(2, Ok(())), Ok(()));
     }
 
     #[test]
     fn a_failed_fsync_keeps_the_file_unsynced() {
         let mut w = WriteErrors::default();
-        let mut a = w.sample(5);
+        w.open(1, 5);
         w.wrote(5);
-        assert_eq!(w.fsynced(5, &mut a, Err(libc::EIO)), Err(libc::EIO));
+        assert_eq!(w.fsynced(1, Err(libc::EIO)), Err(libc::EIO));
         w.connection_lost();
-        assert_eq!(w.fsynced(5, &mut a, Ok(())), Err(libc::EIO));
+        assert_eq!(w.fsynced(1, Ok(())), Err(libc::EIO));
     }
 }
