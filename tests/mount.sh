@@ -89,6 +89,36 @@ run_case() {
     start_mount "127.0.0.1:$NINEP_PORT" "$m"
     posix_checks "$m" full
 
+    # Record locks go through the server: a second process is refused a conflicting lock,
+    # F_GETLK names the holder, and a blocking request is granted when the holder closes.
+    "$PY" - "$m/locked" <<'EOF' || die "record locks through the mount"
+import errno, fcntl, os, struct, sys, time
+p = sys.argv[1]
+fd = os.open(p, os.O_RDWR | os.O_CREAT, 0o644)
+fcntl.lockf(fd, fcntl.LOCK_EX)
+pid = os.fork()
+if pid == 0:
+    fd2 = os.open(p, os.O_RDWR)
+    try:
+        fcntl.lockf(fd2, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os._exit(1)
+    except OSError as e:
+        if e.errno not in (errno.EAGAIN, errno.EACCES):
+            os._exit(2)
+    got = fcntl.fcntl(fd2, fcntl.F_GETLK, struct.pack("hhqqi4x", fcntl.F_WRLCK, 0, 0, 0, 0))
+    kind, _, _, _, holder = struct.unpack("hhqqi4x", got)
+    if kind != fcntl.F_WRLCK or holder != os.getppid():
+        os._exit(3)
+    t = time.time()
+    fcntl.lockf(fd2, fcntl.LOCK_EX)
+    os._exit(0 if time.time() - t > 0.3 else 4)
+time.sleep(0.8)
+os.close(fd)
+_, status = os.waitpid(pid, 0)
+assert os.waitstatus_to_exitcode(status) == 0, f"the other process: step {os.waitstatus_to_exitcode(status)}"
+os.unlink(p)
+EOF
+
     # A block device made through the mount is an NBD export.
     truncate -s 8M "$m/.nbd/viamount"
     out="$(timeout 30 nbdinfo "$(nbd_uri viamount)" 2>&1)" || die "nbdinfo of a device made through the mount: $out"

@@ -60,6 +60,23 @@ pub struct StatFs {
     pub namelen: u32,
 }
 
+/// Who holds a record lock: 9P names the process and the client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockOwner {
+    pub proc_id: u32,
+    pub client_id: Vec<u8>,
+}
+
+/// What Rgetlock answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lock {
+    pub kind: u8,
+    pub start: u64,
+    /// 0: to the end of the file.
+    pub length: u64,
+    pub owner: LockOwner,
+}
+
 /// Tsetattr's fields; `valid` says which apply (P9_SETATTR_* bits).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SetAttr {
@@ -564,6 +581,58 @@ impl Client {
     pub fn fsync(&self, fid: u32, datasync: bool) -> Res<()> {
         self.rpc(50, Body::default().u32(fid).u32(u32::from(datasync)))
             .map(|_| ())
+    }
+
+    /// Tlock: takes, changes or (kind 2) releases a record lock of `owner` on the open `fid`;
+    /// answers Rlock's status (0 granted, 1 blocked, 2 error). `length` 0 runs to the end of
+    /// the file; `flags` 1 asks for a blocking lock (the server still answers at once).
+    pub fn lock(
+        &self,
+        fid: u32,
+        kind: u8,
+        flags: u32,
+        start: u64,
+        length: u64,
+        owner: &LockOwner,
+    ) -> Res<u8> {
+        let body = Body::default()
+            .u32(fid)
+            .raw(&[kind])
+            .u32(flags)
+            .u64(start)
+            .u64(length)
+            .u32(owner.proc_id)
+            .s(&owner.client_id);
+        self.rpc(52, body)?.u8()
+    }
+
+    /// Tgetlock: the lock that would conflict with `owner` taking `kind` on the range, or the
+    /// range back with kind 2 (unlocked) if none does.
+    pub fn getlock(
+        &self,
+        fid: u32,
+        kind: u8,
+        start: u64,
+        length: u64,
+        owner: &LockOwner,
+    ) -> Res<Lock> {
+        let body = Body::default()
+            .u32(fid)
+            .raw(&[kind])
+            .u64(start)
+            .u64(length)
+            .u32(owner.proc_id)
+            .s(&owner.client_id);
+        let mut p = self.rpc(54, body)?;
+        Ok(Lock {
+            kind: p.u8()?,
+            start: p.u64()?,
+            length: p.u64()?,
+            owner: LockOwner {
+                proc_id: p.u32()?,
+                client_id: p.s()?,
+            },
+        })
     }
 
     /// Reads the attribute `name` (or, empty, the list of names) of `fid` whole.

@@ -17,6 +17,19 @@ fn time_of(t: TimeOrNow) -> Option<(u64, u64)> {
 }
 
 impl Filesystem for Mount {
+    /// Record locks go to the server (locks.rs) rather than staying in this kernel.
+    fn init(&mut self, _req: &Request<'_>, config: &mut KernelConfig) -> Result<(), libc::c_int> {
+        if config
+            .add_capabilities(fuser::consts::FUSE_POSIX_LOCKS)
+            .is_err()
+        {
+            tracing::warn!(
+                "this kernel keeps record locks to itself: other mounts will not see them"
+            );
+        }
+        Ok(())
+    }
+
     fn lookup(&mut self, req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEntry) {
         let parent = self.to_server(parent);
         match self.lookup_as(req.uid(), parent, name.as_bytes()) {
@@ -342,8 +355,43 @@ impl Filesystem for Mount {
         });
     }
 
-    fn flush(&mut self, _req: &Request<'_>, _ino: u64, _fh: u64, _owner: u64, reply: ReplyEmpty) {
+    fn flush(&mut self, _req: &Request<'_>, ino: u64, fh: u64, owner: u64, reply: ReplyEmpty) {
+        self.unlock_all(ino, fh, owner);
         reply.ok();
+    }
+
+    fn getlk(
+        &mut self,
+        _req: &Request<'_>,
+        ino: u64,
+        fh: u64,
+        lock_owner: u64,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        reply: ReplyLock,
+    ) {
+        match self.get_lock(ino, fh, lock_owner, (start, end, typ, pid)) {
+            Ok((start, end, typ, pid)) => reply.locked(start, end, typ, pid),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn setlk(
+        &mut self,
+        _req: &Request<'_>,
+        ino: u64,
+        fh: u64,
+        lock_owner: u64,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        sleep: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.set_lock(ino, fh, lock_owner, (start, end, typ, pid), sleep, reply);
     }
 
     fn release(

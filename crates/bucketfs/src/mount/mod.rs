@@ -14,12 +14,14 @@
 //! process's stream of writes, and concurrent fsyncs reach the server together.
 
 mod fuse_ops;
+mod locks;
 mod write_errors;
 
 use bucketfs_ninep::client::{Attr, Client, Res, SetAttr};
 use fuser::{
-    FileAttr, FileType, Filesystem, MountOption, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
-    ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
+    FileAttr, FileType, Filesystem, KernelConfig, MountOption, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLock, ReplyOpen, ReplyStatfs, ReplyWrite,
+    ReplyXattr, Request, TimeOrNow,
 };
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -69,6 +71,7 @@ pub struct Mount {
     next_handle: u64,
     write_errors: Arc<Mutex<write_errors::WriteErrors>>,
     workers: Workers,
+    lock_users: locks::LockUsers,
 }
 
 impl Mount {
@@ -93,6 +96,7 @@ impl Mount {
             next_handle: 1,
             write_errors: Default::default(),
             workers: Workers::new(IO_WORKERS),
+            lock_users: Default::default(),
         };
         m.fids.insert((uid, qid.path), fid);
         Ok(m)
