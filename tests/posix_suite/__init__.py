@@ -15,6 +15,8 @@ DIOD = "diod"  # diod, the third-party 9P2000.L server
 
 GROUPS_9P = "9P2000.L names only the caller's uid: the server takes the groups from its own " \
     "user database, where alice is in no supplementary group"
+DIOD_USERS = "diod refuses to attach a uid its user database does not know (bob 1001, " \
+    "carol 1002): their every call is EPERM"
 
 
 class User(NamedTuple):

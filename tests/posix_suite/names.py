@@ -356,7 +356,9 @@ def _(d):
     assert os.stat(f"{d}/a").st_nlink == 2
 
 
-@case("rename: a replaced file with another name loses a link and its ctime moves on")
+@case("rename: a replaced file with another name loses a link and its ctime moves on",
+      skip={DIOD: "diod's fids name paths: the fid the mount holds for the replaced file, "
+                  "walked by its old name, reaches the file renamed onto that name"})
 def _(d):
     touch(f"{d}/a")
     touch(f"{d}/b")
