@@ -19,6 +19,9 @@ pub struct SetAttr {
     /// `Some(None)`: the current time.
     pub atime: Option<Option<Time>>,
     pub mtime: Option<Option<Time>>,
+    /// The request comes through a handle open for writing, whose open checked the write
+    /// permission a size change needs (ftruncate after a chmod to 0 still works).
+    pub through_writable_handle: bool,
 }
 
 impl Fs {
@@ -77,6 +80,7 @@ impl Fs {
     /// are one transaction: after a crash the file has both or neither.
     pub async fn write_file(
         &self,
+        caller: &Caller,
         ino: u64,
         offset: u64,
         data: &[u8],
@@ -101,10 +105,12 @@ impl Fs {
         inode.mtime = now;
         inode.ctime = now;
         // A write takes away set-user-ID, and set-group-ID where it means that (group
-        // execute set), as Linux does for writers without CAP_FSETID.
-        inode.mode &= !S_ISUID;
-        if inode.mode & 0o010 != 0 {
-            inode.mode &= !S_ISGID;
+        // execute set), as Linux does for writers without CAP_FSETID: all but root.
+        if !caller.is_root() {
+            inode.mode &= !S_ISUID;
+            if inode.mode & 0o010 != 0 {
+                inode.mode &= !S_ISGID;
+            }
         }
         if !data.is_empty() {
             c.write(ino, offset, data.to_vec());
@@ -126,8 +132,16 @@ impl Fs {
         let mut inode = c.inode(ino).await?;
         let now = Time::now();
         if let Some(mode) = set.mode {
-            caller.check_owner(&inode)?;
             let mut mode = mode & 0o7777;
+            // Whoever may write takes set-user-ID and set-group-ID away as Linux's writes and
+            // truncates by non-root callers do (a FUSE or v9fs client sends that as a mode).
+            if drops_only_set_id(inode.mode & 0o7777, mode) {
+                caller
+                    .check(&inode, MAY_WRITE)
+                    .or(caller.check_owner(&inode))?;
+            } else {
+                caller.check_owner(&inode)?;
+            }
             // Only root, or a member of the file's group, may keep set-group-ID.
             if !caller.is_root() && !caller.in_group(inode.gid) {
                 mode &= !S_ISGID;
@@ -172,7 +186,9 @@ impl Fs {
         }
         if let Some(size) = set.size_bytes {
             check_file(&inode)?;
-            caller.check(&inode, MAY_WRITE)?;
+            if !set.through_writable_handle {
+                caller.check(&inode, MAY_WRITE)?;
+            }
             if size > FILE_SIZE_BYTES_MAX {
                 return Err(FsError::TooLarge(size));
             }
@@ -312,4 +328,9 @@ fn check_file(inode: &Inode) -> Result<(), FsError> {
         Kind::Directory => Err(FsError::IsDir),
         _ => Err(FsError::Invalid("not a regular file".into())),
     }
+}
+
+/// Whether `new` is `old` (permission bits) less set-user-ID or set-group-ID, and nothing else.
+fn drops_only_set_id(old: u32, new: u32) -> bool {
+    new != old && new & !old == 0 && (old & !new) & !(S_ISUID | S_ISGID) == 0
 }

@@ -107,7 +107,10 @@ impl Fs {
         } else {
             caller.gid
         };
-        if mode & S_IFMT != S_IFDIR && !caller.is_root() && !caller.in_group(gid) {
+        // A file that would run as a group its creator is not in loses set-group-ID; without
+        // group execute the bit is no such privilege (Linux's mode_strip_sgid) and stays.
+        let runs_as_group = mode & (S_ISGID | 0o010) == S_ISGID | 0o010;
+        if mode & S_IFMT != S_IFDIR && runs_as_group && !caller.is_root() && !caller.in_group(gid) {
             mode &= !S_ISGID;
         }
         let mut inode = Inode::new(ino, mode, caller.uid, gid, now);

@@ -391,6 +391,86 @@ async fn permissions_sticky_and_setgid_directories() {
     );
 }
 
+/// Set-user-ID and set-group-ID as Linux keeps them: writes and truncates by others than root
+/// take them away (the kernel sends a mode that only drops them, which any writer may), and a
+/// new file in a setgid directory keeps a set-group-ID bit without group execute.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn set_id_bits_writers_and_setgid_directories() {
+    let bucket = memory();
+    let (fs, _tasks) = open(&bucket).await;
+    let r = root();
+    let alice = Caller::user(1000, 1000);
+    let mode = |m: u32| SetAttr {
+        mode: Some(m),
+        ..SetAttr::default()
+    };
+    let shared = mkdir(&fs, &r, ROOT_INO, "shared", 0o777).await;
+    let f = create(&fs, &r, shared.ino, "f").await;
+    fs.setattr(&r, f.ino, &mode(0o6777)).await.unwrap();
+    fs.write_file(&r, f.ino, 0, b"root", false).await.unwrap();
+    assert_eq!(fs.getattr(f.ino).await.unwrap().mode & 0o7777, 0o6777);
+    assert_eq!(
+        fs.setattr(&alice, f.ino, &mode(0o6666))
+            .await
+            .unwrap_err()
+            .errno(),
+        libc::EPERM,
+        "a writer other than the owner may only take the set-ID bits away"
+    );
+    fs.setattr(&alice, f.ino, &mode(0o2777)).await.unwrap();
+    fs.write_file(&alice, f.ino, 0, b"alice", false)
+        .await
+        .unwrap();
+    assert_eq!(fs.getattr(f.ino).await.unwrap().mode & 0o7777, 0o777);
+    fs.setattr(&r, f.ino, &mode(0o4644)).await.unwrap();
+    assert_eq!(
+        fs.setattr(&alice, f.ino, &mode(0o644))
+            .await
+            .unwrap_err()
+            .errno(),
+        libc::EPERM,
+        "without write permission, taking set-user-ID away is a chmod like any other"
+    );
+    // A truncate through a handle open for writing needs no write permission now.
+    fs.setattr(&r, f.ino, &mode(0)).await.unwrap();
+    let cut = SetAttr {
+        size_bytes: Some(1),
+        ..SetAttr::default()
+    };
+    assert_eq!(
+        fs.setattr(&alice, f.ino, &cut).await.unwrap_err().errno(),
+        libc::EACCES
+    );
+    let through_handle = SetAttr {
+        through_writable_handle: true,
+        ..cut
+    };
+    fs.setattr(&alice, f.ino, &through_handle).await.unwrap();
+    assert_eq!(fs.getattr(f.ino).await.unwrap().size_bytes, 1);
+    // In a setgid directory of a group alice is not in.
+    fs.setattr(
+        &r,
+        shared.ino,
+        &SetAttr {
+            gid: Some(50),
+            mode: Some(0o2777),
+            ..SetAttr::default()
+        },
+    )
+    .await
+    .unwrap();
+    let runs = fs
+        .make(&alice, shared.ino, b"runs", S_IFREG | 0o2755, 0)
+        .await
+        .unwrap();
+    let marked = fs
+        .make(&alice, shared.ino, b"marked", S_IFREG | 0o2744, 0)
+        .await
+        .unwrap();
+    assert_eq!((runs.gid, runs.mode & 0o7777), (50, 0o755));
+    assert_eq!((marked.gid, marked.mode & 0o7777), (50, 0o2744));
+}
+
 impl Fs {
     /// A read as `caller` would open the file for reading.
     async fn read_file_as(&self, caller: &Caller, ino: u64) -> Result<Vec<u8>, FsError> {
@@ -405,7 +485,10 @@ async fn file_contents_sizes_holes_and_truncation() {
     let (fs, tasks) = open(&bucket).await;
     let r = root();
     let f = create(&fs, &r, ROOT_INO, "f").await;
-    let after = fs.write_file(f.ino, 10_000, b"hello", false).await.unwrap();
+    let after = fs
+        .write_file(&r, f.ino, 10_000, b"hello", false)
+        .await
+        .unwrap();
     assert_eq!(after.size_bytes, 10_005);
     assert_eq!(
         fs.read_file(f.ino, 9_998, 100).await.unwrap(),
@@ -413,11 +496,11 @@ async fn file_contents_sizes_holes_and_truncation() {
         "a read stops at the end of the file"
     );
     assert!(fs.read_file(f.ino, 20_000, 10).await.unwrap().is_empty());
-    fs.write_file(f.ino, 0, b"!", true).await.unwrap();
+    fs.write_file(&r, f.ino, 0, b"!", true).await.unwrap();
     assert_eq!(fs.getattr(f.ino).await.unwrap().size_bytes, 10_006);
     // Beyond 4 GiB.
     let far = 5u64 << 30;
-    fs.write_file(f.ino, far, b"far", false).await.unwrap();
+    fs.write_file(&r, f.ino, far, b"far", false).await.unwrap();
     assert_eq!(fs.read_file(f.ino, far, 3).await.unwrap(), b"far");
     assert_eq!(fs.seek(f.ino, 0, true).await.unwrap(), Some(8192));
     assert_eq!(fs.seek(f.ino, 9000, false).await.unwrap(), Some(16_384));
@@ -444,7 +527,9 @@ async fn file_contents_sizes_holes_and_truncation() {
     assert_eq!(fs.seek(f.ino, 0, true).await.unwrap(), None);
     fs.fallocate(f.ino, 0, 30_000, false, false).await.unwrap();
     assert_eq!(fs.getattr(f.ino).await.unwrap().size_bytes, 30_000);
-    fs.write_file(f.ino, 1, b"durable", false).await.unwrap();
+    fs.write_file(&r, f.ino, 1, b"durable", false)
+        .await
+        .unwrap();
     fs.fsync(f.ino).await.unwrap();
     crash(fs, tasks).await;
     let (fs, _tasks) = open(&bucket).await;
@@ -458,7 +543,9 @@ async fn an_unlinked_open_file_lives_until_its_last_close_or_the_next_open() {
     let (fs, tasks) = open(&bucket).await;
     let r = root();
     let f = create(&fs, &r, ROOT_INO, "f").await;
-    fs.write_file(f.ino, 0, &[5; 20_000], false).await.unwrap();
+    fs.write_file(&r, f.ino, 0, &[5; 20_000], false)
+        .await
+        .unwrap();
     fs.open_handle(f.ino).await.unwrap();
     fs.open_handle(f.ino).await.unwrap();
     fs.unlink(&r, ROOT_INO, b"f").await.unwrap();
@@ -469,7 +556,9 @@ async fn an_unlinked_open_file_lives_until_its_last_close_or_the_next_open() {
     assert!(matches!(fs.getattr(f.ino).await, Err(FsError::NotFound(_))));
     // Open, unlinked, crashed: the next open deletes it.
     let g = create(&fs, &r, ROOT_INO, "g").await;
-    fs.write_file(g.ino, 0, &[6; 20_000], false).await.unwrap();
+    fs.write_file(&r, g.ino, 0, &[6; 20_000], false)
+        .await
+        .unwrap();
     fs.open_handle(g.ino).await.unwrap();
     fs.unlink(&r, ROOT_INO, b"g").await.unwrap();
     fs.sync().await.unwrap();
@@ -683,11 +772,11 @@ async fn the_quota_refuses_allocation_but_never_deletes_or_overwrites() {
     fs.set_quota(Some(64 * 1024));
     assert_eq!(fs.statfs().blocks, 16, "statfs reports the quota");
     let f = create(&fs, &r, ROOT_INO, "f").await;
-    fs.write_file(f.ino, 0, &[1; 48 * 1024], false)
+    fs.write_file(&r, f.ino, 0, &[1; 48 * 1024], false)
         .await
         .unwrap();
     let err = fs
-        .write_file(f.ino, 48 * 1024, &[2; 24 * 1024], false)
+        .write_file(&r, f.ino, 48 * 1024, &[2; 24 * 1024], false)
         .await
         .unwrap_err();
     assert_eq!(err.errno(), libc::ENOSPC);
@@ -697,7 +786,9 @@ async fn the_quota_refuses_allocation_but_never_deletes_or_overwrites() {
         "nothing written"
     );
     // Overwriting allocated extents, growing sparsely and deleting are allowed when full.
-    fs.write_file(f.ino, 0, &[3; 8192], false).await.unwrap();
+    fs.write_file(&r, f.ino, 0, &[3; 8192], false)
+        .await
+        .unwrap();
     let grow = SetAttr {
         size_bytes: Some(1 << 30),
         ..SetAttr::default()
@@ -708,11 +799,11 @@ async fn the_quota_refuses_allocation_but_never_deletes_or_overwrites() {
     // A delete makes room at once, though its upload is still to come.
     fs.unlink(&r, ROOT_INO, b"f").await.unwrap();
     let g = create(&fs, &r, ROOT_INO, "g").await;
-    fs.write_file(g.ino, 0, &[4; 60 * 1024], false)
+    fs.write_file(&r, g.ino, 0, &[4; 60 * 1024], false)
         .await
         .unwrap();
     fs.set_quota(None);
-    fs.write_file(g.ino, 60 * 1024, &[5; 100 * 1024], false)
+    fs.write_file(&r, g.ino, 60 * 1024, &[5; 100 * 1024], false)
         .await
         .unwrap();
 }

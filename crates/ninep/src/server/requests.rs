@@ -200,7 +200,9 @@ impl Connection {
                     Some(_) => return Err(FsError::Access),
                     None => return Err(einval("write to an unopened fid")),
                 };
-                self.fs().write_file(f.ino, offset, &data, o.append).await?;
+                self.fs()
+                    .write_file(&f.caller, f.ino, offset, &data, o.append)
+                    .await?;
                 r.u32(data.len() as u32);
             }
             Request::Clunk { fid } => {
@@ -353,7 +355,11 @@ impl Connection {
             }
             Request::Setattr(s) => {
                 let f = self.fid(s.fid)?;
-                self.fs().setattr(&f.caller, f.ino, &set_attr(&s)).await?;
+                let set = SetAttr {
+                    through_writable_handle: f.open.is_some_and(|o| o.write),
+                    ..set_attr(&s)
+                };
+                self.fs().setattr(&f.caller, f.ino, &set).await?;
             }
             Request::XattrWalk { fid, newfid, name } => {
                 let f = self.fid(fid)?;
@@ -672,5 +678,6 @@ fn set_attr(s: &SetattrRequest) -> SetAttr {
         size_bytes: (v & SETATTR_SIZE != 0).then_some(s.size),
         atime: (v & SETATTR_ATIME != 0).then(|| time(v & SETATTR_ATIME_SET != 0, s.atime)),
         mtime: (v & SETATTR_MTIME != 0).then(|| time(v & SETATTR_MTIME_SET != 0, s.mtime)),
+        through_writable_handle: false,
     }
 }
