@@ -4,7 +4,7 @@ import errno
 import os
 import stat
 
-from . import (ALICE, BOB, DIOD, DIOD_USERS, FUSE, STAFF, as_user, case, check_times, fails,
+from . import (ALICE, BOB, DIOD, DIOD_USERS, STAFF, as_user, case, check_times, fails,
                mkdir, mode_of, tick, touch, user_fails)
 
 # ---- open -----------------------------------------------------------------------------------
@@ -287,10 +287,7 @@ def _(d):
         os.close(fd)
 
 
-@case("ftruncate: a descriptor open for writing may truncate after a chmod to 0",
-      skip={FUSE: "bucketfs mount sends the setattr through the user's path fid, not the open "
-                  "file's fid (fuse_ops.rs setattr ignores fh), so the server checks write "
-                  "permission again and answers EACCES"})
+@case("ftruncate: a descriptor open for writing may truncate after a chmod to 0")
 def _(d):
     os.chmod(d, 0o777)
 

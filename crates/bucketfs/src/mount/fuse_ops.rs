@@ -6,13 +6,23 @@ fn gid_of(req: &Request<'_>) -> u32 {
     req.gid()
 }
 
+/// A time as 9P's (seconds, nanoseconds): seconds are signed (two's complement in the u64),
+/// nanoseconds always forward, so 1969-12-31 23:59:59.5 is (-1, 500000000).
 fn time_of(t: TimeOrNow) -> Option<(u64, u64)> {
     match t {
         TimeOrNow::Now => None,
-        TimeOrNow::SpecificTime(t) => {
-            let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
-            Some((d.as_secs(), u64::from(d.subsec_nanos())))
-        }
+        TimeOrNow::SpecificTime(t) => Some(match t.duration_since(UNIX_EPOCH) {
+            Ok(d) => (d.as_secs(), u64::from(d.subsec_nanos())),
+            Err(before) => {
+                let d = before.duration();
+                let (secs, nanos) = (d.as_secs() as i64, d.subsec_nanos());
+                if nanos == 0 {
+                    ((-secs) as u64, 0)
+                } else {
+                    ((-secs - 1) as u64, u64::from(1_000_000_000 - nanos))
+                }
+            }
+        }),
     }
 }
 
@@ -81,7 +91,7 @@ impl Filesystem for Mount {
         atime: Option<TimeOrNow>,
         mtime: Option<TimeOrNow>,
         _ctime: Option<SystemTime>,
-        _fh: Option<u64>,
+        fh: Option<u64>,
         _crtime: Option<SystemTime>,
         _chgtime: Option<SystemTime>,
         _bkuptime: Option<SystemTime>,
@@ -125,8 +135,13 @@ impl Filesystem for Mount {
             }
         }
         let uid = req.uid();
-        let r = self
-            .fid(uid, ino)
+        // Through the open file when there is one (ftruncate, fchmod): a descriptor open for
+        // writing may truncate whatever the mode says now.
+        let fid = match fh {
+            Some(fh) if self.handles.contains_key(&fh) => self.handle_fid(fh),
+            _ => self.fid(uid, ino),
+        };
+        let r = fid
             .and_then(|f| self.call(|c| c.setattr(f, &s)))
             .and_then(|()| self.getattr_as(uid, ino));
         match r {

@@ -213,8 +213,14 @@ impl Mount {
     }
 
     fn file_attr(&self, a: &Attr) -> FileAttr {
-        let time =
-            |(sec, nsec): (u64, u64)| UNIX_EPOCH + Duration::new(sec, nsec.min(999_999_999) as u32);
+        // Seconds are signed (before 1970: negative), nanoseconds count forward from them.
+        let time = |(sec, nsec): (u64, u64)| {
+            let nanos = Duration::from_nanos(nsec.min(999_999_999));
+            match sec as i64 {
+                s if s >= 0 => UNIX_EPOCH + Duration::from_secs(s as u64) + nanos,
+                s => UNIX_EPOCH - Duration::from_secs(s.unsigned_abs()) + nanos,
+            }
+        };
         let kind = file_type(a.mode);
         FileAttr {
             ino: self.to_fuse(a.qid.path),
