@@ -216,6 +216,24 @@ EOF
     start_bucketfs "$CONFIG"
     echo restarted >"$CASE_DIR/step"
     wait "$py" || die "after kill -9 and a restart: data lost, or the mount did not reconnect"
+    # cache=none beside the default mount of the same server: a change made through one is
+    # seen through the other at once, and reads and writes bypass the page cache.
+    local mnone="$CASE_DIR/mnt-none" mount_default=$MOUNT_PID
+    start_mount "127.0.0.1:$NINEP_PORT" "$mnone" -o cache=none
+    echo first >"$m/shared"
+    [[ "$(cat "$mnone/shared")" == first ]] || die "cache=none: a new file read through the other mount"
+    echo second >"$mnone/shared"
+    [[ "$(cat "$m/shared")" == second ]] || die "a write through the cache=none mount, read through the default one"
+    echo third >"$m/shared"
+    [[ "$(stat -c %s "$mnone/shared")" == 6 && "$(cat "$mnone/shared")" == third ]] ||
+        die "cache=none served a stale size or stale bytes"
+    rm "$mnone/shared"
+    stop_mount "$mnone"
+    if out="$("$BUCKETFS" mount "127.0.0.1:$NINEP_PORT" "$mnone" -o cache=fscache 2>&1)"; then
+        die "an unknown cache mode was accepted"
+    fi
+    grep -q "cache=fscache" <<<"$out" || die "an unknown cache mode: $out"
+    MOUNT_PID=$mount_default
     stop_mount "$m"
     stop_bucketfs
 

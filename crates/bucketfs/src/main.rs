@@ -69,6 +69,12 @@ enum Command {
         /// Let users other than the one mounting use it (each acts as itself on the server).
         #[arg(long)]
         allow_other: bool,
+        /// What the kernel may cache, like v9fs's cache= modes.
+        #[arg(long, value_enum, default_value = "mmap")]
+        cache: mount::Cache,
+        /// mount(8)-style options, comma-separated: cache=MODE, aname=PATH, allow_other.
+        #[arg(short = 'o', value_name = "OPTIONS")]
+        options: Vec<String>,
     },
     /// Print the running server's counters as JSON.
     Status {
@@ -382,7 +388,19 @@ fn main() -> ExitCode {
                 dir,
                 aname,
                 allow_other,
-            } => mount::mount(&addr, &dir, &aname, allow_other).await,
+                cache,
+                options,
+            } => {
+                let mut o = mount::Options {
+                    aname,
+                    allow_other,
+                    cache,
+                };
+                match options.iter().try_for_each(|list| o.apply(list)) {
+                    Ok(()) => mount::mount(&addr, &dir, &o).await,
+                    Err(e) => Err(e),
+                }
+            }
             Command::Status { config } => admin_call(config.as_ref(), admin::Request::Status).await,
             Command::ChangePassword { config } => change_password(config.as_ref()).await,
             Command::Fsck {

@@ -43,7 +43,7 @@ impl Filesystem for Mount {
     fn lookup(&mut self, req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEntry) {
         let parent = self.to_server(parent);
         match self.lookup_as(req.uid(), parent, name.as_bytes()) {
-            Ok(a) => reply.entry(&ATTR_TTL, &a, 0),
+            Ok(a) => reply.entry(&self.cache.ttl(), &a, 0),
             Err(e) => reply.error(e),
         }
     }
@@ -75,7 +75,7 @@ impl Filesystem for Mount {
     fn getattr(&mut self, req: &Request<'_>, ino: u64, _fh: Option<u64>, reply: ReplyAttr) {
         let ino = self.to_server(ino);
         match self.getattr_as(req.uid(), ino) {
-            Ok(a) => reply.attr(&ATTR_TTL, &a),
+            Ok(a) => reply.attr(&self.cache.ttl(), &a),
             Err(e) => reply.error(e),
         }
     }
@@ -145,7 +145,7 @@ impl Filesystem for Mount {
             .and_then(|f| self.call(|c| c.setattr(f, &s)))
             .and_then(|()| self.getattr_as(uid, ino));
         match r {
-            Ok(a) => reply.attr(&ATTR_TTL, &a),
+            Ok(a) => reply.attr(&self.cache.ttl(), &a),
             Err(e) => reply.error(e),
         }
     }
@@ -179,7 +179,7 @@ impl Filesystem for Mount {
             .and_then(|d| self.call(|c| c.mknod(d, name, mode & !umask, major, minor, gid)))
             .and_then(|_| self.lookup_as(uid, parent, name));
         match r {
-            Ok(a) => reply.entry(&ATTR_TTL, &a, 0),
+            Ok(a) => reply.entry(&self.cache.ttl(), &a, 0),
             Err(e) => reply.error(e),
         }
     }
@@ -200,7 +200,7 @@ impl Filesystem for Mount {
             .and_then(|d| self.call(|c| c.mkdir(d, name, mode & !umask, gid)))
             .and_then(|_| self.lookup_as(uid, parent, name));
         match r {
-            Ok(a) => reply.entry(&ATTR_TTL, &a, 0),
+            Ok(a) => reply.entry(&self.cache.ttl(), &a, 0),
             Err(e) => reply.error(e),
         }
     }
@@ -237,7 +237,7 @@ impl Filesystem for Mount {
             .and_then(|d| self.call(|c| c.symlink(d, name, target, gid)))
             .and_then(|_| self.lookup_as(uid, parent, name));
         match r {
-            Ok(a) => reply.entry(&ATTR_TTL, &a, 0),
+            Ok(a) => reply.entry(&self.cache.ttl(), &a, 0),
             Err(e) => reply.error(e),
         }
     }
@@ -297,7 +297,7 @@ impl Filesystem for Mount {
             self.lookup_as(uid, newparent, newname.as_bytes())
         });
         match r {
-            Ok(a) => reply.entry(&ATTR_TTL, &a, 0),
+            Ok(a) => reply.entry(&self.cache.ttl(), &a, 0),
             Err(e) => reply.error(e),
         }
     }
@@ -305,7 +305,7 @@ impl Filesystem for Mount {
     fn open(&mut self, req: &Request<'_>, ino: u64, flags: i32, reply: ReplyOpen) {
         let ino = self.to_server(ino);
         match self.open_as(req.uid(), ino, (flags & OPEN_FLAGS_PASSED) as u32) {
-            Ok(fh) => reply.opened(fh, 0),
+            Ok(fh) => reply.opened(fh, self.cache.open_flags()),
             Err(e) => reply.error(e),
         }
     }
@@ -605,7 +605,7 @@ impl Filesystem for Mount {
             Ok((attr, fh))
         })();
         match r {
-            Ok((a, fh)) => reply.created(&ATTR_TTL, &a, 0, fh, 0),
+            Ok((a, fh)) => reply.created(&self.cache.ttl(), &a, 0, fh, self.cache.open_flags()),
             Err(e) => reply.error(e),
         }
     }

@@ -30,9 +30,72 @@ use std::path::Path;
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// How long the kernel may trust attributes and names without asking again (like v9fs's
-/// cache=none with a short attribute cache): other clients' changes show within this.
-const ATTR_TTL: Duration = Duration::from_secs(1);
+/// What the kernel may cache, like v9fs's `cache=` modes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Cache {
+    /// No page cache (every read and write goes to the server) and no attribute or name
+    /// cache: other clients' changes show at once. Shared writable mmap is refused.
+    None,
+    /// The page cache within an open file, dropped at each open, and attributes and names
+    /// trusted for 1 s: other clients' changes show at the next open or within a second.
+    Mmap,
+    /// The page cache kept across opens and attributes and names trusted for a minute: for a
+    /// tree only this mount changes.
+    Loose,
+}
+
+impl Cache {
+    /// How long the kernel may trust attributes and names without asking again.
+    fn ttl(self) -> Duration {
+        match self {
+            Cache::None => Duration::ZERO,
+            Cache::Mmap => Duration::from_secs(1),
+            Cache::Loose => Duration::from_secs(60),
+        }
+    }
+
+    /// FOPEN_* flags of every open.
+    fn open_flags(self) -> u32 {
+        match self {
+            Cache::None => fuser::consts::FOPEN_DIRECT_IO,
+            Cache::Mmap => 0,
+            Cache::Loose => fuser::consts::FOPEN_KEEP_CACHE,
+        }
+    }
+}
+
+/// What `bucketfs mount` is asked for besides the address and the directory.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub aname: String,
+    pub allow_other: bool,
+    pub cache: Cache,
+}
+
+impl Options {
+    /// Applies mount(8)-style `-o` options: `cache=none|mmap|loose`, `aname=PATH`,
+    /// `allow_other`; anything else is named in the error.
+    pub fn apply(&mut self, list: &str) -> Result<(), String> {
+        use clap::ValueEnum;
+        for opt in list.split(',').filter(|o| !o.is_empty()) {
+            match opt.split_once('=') {
+                Some(("cache", v)) => {
+                    self.cache = Cache::from_str(v, false).map_err(|_| {
+                        format!("-o cache={v}: the cache modes are none, mmap and loose")
+                    })?
+                }
+                Some(("aname", v)) => self.aname = v.to_string(),
+                None if opt == "allow_other" => self.allow_other = true,
+                _ => {
+                    return Err(format!(
+                        "-o {opt}: unknown mount option (known: cache=none|mmap|loose, aname=PATH, allow_other)"
+                    ))
+                }
+            }
+        }
+        Ok(())
+    }
+}
 /// The msize asked of the server.
 const MSIZE_BYTES: u32 = 512 * 1024;
 /// Bytes asked per Treaddir.
@@ -72,10 +135,11 @@ pub struct Mount {
     write_errors: Arc<Mutex<write_errors::WriteErrors>>,
     workers: Workers,
     lock_users: locks::LockUsers,
+    cache: Cache,
 }
 
 impl Mount {
-    pub fn connect(addr: &str, aname: &str) -> Result<Mount, String> {
+    pub fn connect(addr: &str, aname: &str, cache: Cache) -> Result<Mount, String> {
         let client =
             Client::connect(addr, MSIZE_BYTES).map_err(|e| format!("cannot reach {addr}: {e}"))?;
         let uid = unsafe { libc::geteuid() };
@@ -97,6 +161,7 @@ impl Mount {
             write_errors: Default::default(),
             workers: Workers::new(IO_WORKERS),
             lock_users: Default::default(),
+            cache,
         };
         m.fids.insert((uid, qid.path), fid);
         Ok(m)
@@ -420,13 +485,13 @@ fn file_type(mode: u32) -> FileType {
 }
 
 /// Mounts `addr`'s `aname` on `dir` until SIGINT or SIGTERM, then unmounts.
-pub async fn mount(addr: &str, dir: &Path, aname: &str, allow_other: bool) -> Result<(), String> {
-    let fs = Mount::connect(addr, aname)?;
+pub async fn mount(addr: &str, dir: &Path, o: &Options) -> Result<(), String> {
+    let fs = Mount::connect(addr, &o.aname, o.cache)?;
     let mut options = vec![
         MountOption::FSName(format!("bucketfs:{addr}")),
         MountOption::Subtype("9p".into()),
     ];
-    if allow_other {
+    if o.allow_other {
         // The kernel serves cached names and attributes without asking the server, so it must
         // check permissions itself too, or another user could use a path that root's lookup
         // left in its cache. The server checks again on everything it is asked.
@@ -449,4 +514,32 @@ pub async fn mount(addr: &str, dir: &Path, aname: &str, allow_other: bool) -> Re
     drop(session);
     tracing::info!(dir = %dir.display(), "unmounted");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mount_options_are_applied_or_named_in_the_error() {
+        let mut o = Options {
+            aname: "/".into(),
+            allow_other: false,
+            cache: Cache::Mmap,
+        };
+        o.apply("cache=none,allow_other,aname=/srv").unwrap();
+        assert_eq!(
+            (o.cache, o.allow_other, o.aname.as_str()),
+            (Cache::None, true, "/srv")
+        );
+        o.apply("cache=loose").unwrap();
+        assert_eq!(o.cache, Cache::Loose);
+        let e = o.apply("cache=fscache").unwrap_err();
+        assert!(
+            e.contains("cache=fscache") && e.contains("none, mmap and loose"),
+            "{e}"
+        );
+        let e = o.apply("rw,noexec").unwrap_err();
+        assert!(e.contains("-o rw: unknown mount option"), "{e}");
+    }
 }
