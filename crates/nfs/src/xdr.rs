@@ -1,0 +1,225 @@
+//! XDR (RFC 4506): every item a multiple of 4 bytes, big-endian; variable-length opaque data
+//! and strings carry a 4-byte length and are padded with zeroes to a 4-byte boundary.
+
+/// Why a message could not be decoded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum XdrError {
+    #[error("the message ends in the middle of an item")]
+    Short,
+    #[error("{what} of {len} is longer than the {max} allowed")]
+    TooLong {
+        what: &'static str,
+        len: u64,
+        max: u64,
+    },
+    #[error("{value} is not a valid {what}")]
+    Bad { what: &'static str, value: u32 },
+}
+
+pub type XdrResult<T> = Result<T, XdrError>;
+
+fn padding(len: usize) -> usize {
+    (4 - len % 4) % 4
+}
+
+/// Reads items from the front of a message.
+pub struct Decoder<'a> {
+    b: &'a [u8],
+}
+
+impl<'a> Decoder<'a> {
+    pub fn new(b: &'a [u8]) -> Decoder<'a> {
+        Decoder { b }
+    }
+
+    /// What is left undecoded.
+    pub fn rest(&self) -> &'a [u8] {
+        self.b
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.b.is_empty()
+    }
+
+    fn take(&mut self, n: usize) -> XdrResult<&'a [u8]> {
+        if self.b.len() < n {
+            return Err(XdrError::Short);
+        }
+        let (head, rest) = self.b.split_at(n);
+        self.b = rest;
+        Ok(head)
+    }
+
+    pub fn u32(&mut self) -> XdrResult<u32> {
+        Ok(u32::from_be_bytes(
+            self.take(4)?.try_into().expect("4 bytes"),
+        ))
+    }
+
+    pub fn u64(&mut self) -> XdrResult<u64> {
+        Ok(u64::from_be_bytes(
+            self.take(8)?.try_into().expect("8 bytes"),
+        ))
+    }
+
+    pub fn bool(&mut self) -> XdrResult<bool> {
+        match self.u32()? {
+            0 => Ok(false),
+            1 => Ok(true),
+            value => Err(XdrError::Bad {
+                what: "boolean",
+                value,
+            }),
+        }
+    }
+
+    /// Fixed-length opaque data of `n` bytes (and its padding).
+    pub fn fixed(&mut self, n: usize) -> XdrResult<&'a [u8]> {
+        let data = self.take(n)?;
+        self.take(padding(n))?;
+        Ok(data)
+    }
+
+    /// Variable-length opaque data of at most `max` bytes; `what` names it in the error.
+    pub fn opaque(&mut self, max: usize, what: &'static str) -> XdrResult<&'a [u8]> {
+        let len = self.u32()?;
+        if len as usize > max {
+            return Err(XdrError::TooLong {
+                what,
+                len: u64::from(len),
+                max: max as u64,
+            });
+        }
+        self.fixed(len as usize)
+    }
+
+    /// The count of a variable-length array of at most `max` items.
+    pub fn count(&mut self, max: usize, what: &'static str) -> XdrResult<usize> {
+        let n = self.u32()?;
+        if n as usize > max {
+            return Err(XdrError::TooLong {
+                what,
+                len: u64::from(n),
+                max: max as u64,
+            });
+        }
+        Ok(n as usize)
+    }
+}
+
+/// Builds a message item by item.
+#[derive(Default)]
+pub struct Encoder {
+    buf: Vec<u8>,
+}
+
+impl Encoder {
+    pub fn new() -> Encoder {
+        Encoder::default()
+    }
+
+    pub fn u32(&mut self, v: u32) -> &mut Encoder {
+        self.buf.extend_from_slice(&v.to_be_bytes());
+        self
+    }
+
+    pub fn u64(&mut self, v: u64) -> &mut Encoder {
+        self.buf.extend_from_slice(&v.to_be_bytes());
+        self
+    }
+
+    pub fn bool(&mut self, v: bool) -> &mut Encoder {
+        self.u32(u32::from(v))
+    }
+
+    /// Fixed-length opaque data, padded.
+    pub fn fixed(&mut self, v: &[u8]) -> &mut Encoder {
+        self.buf.extend_from_slice(v);
+        self.buf.resize(self.buf.len() + padding(v.len()), 0);
+        self
+    }
+
+    /// Variable-length opaque data or a string: its length, then the bytes, padded.
+    pub fn opaque(&mut self, v: &[u8]) -> &mut Encoder {
+        self.u32(v.len() as u32).fixed(v)
+    }
+
+    /// Bytes already encoded (an RPC body built elsewhere).
+    pub fn raw(&mut self, v: &[u8]) -> &mut Encoder {
+        self.buf.extend_from_slice(v);
+        self
+    }
+
+    pub fn len(&self) -> usize {
+        self.buf.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.buf.is_empty()
+    }
+
+    pub fn into_bytes(self) -> Vec<u8> {
+        self.buf
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn items_round_trip_with_padding() {
+        let mut e = Encoder::new();
+        e.u32(7)
+            .u64(1 << 40)
+            .bool(true)
+            .opaque(b"abcde")
+            .fixed(b"xy");
+        let b = e.into_bytes();
+        // 4 + 8 + 4 + (4 + 5 + 3) + (2 + 2)
+        assert_eq!(b.len(), 32);
+        let mut d = Decoder::new(&b);
+        assert_eq!(d.u32(), Ok(7));
+        assert_eq!(d.u64(), Ok(1 << 40));
+        assert_eq!(d.bool(), Ok(true));
+        assert_eq!(d.opaque(16, "name"), Ok(&b"abcde"[..]));
+        assert_eq!(d.fixed(2), Ok(&b"xy"[..]));
+        assert!(d.is_empty());
+    }
+
+    #[test]
+    fn hostile_input_is_an_error_not_an_allocation() {
+        // A length of 4 GiB - 1 for opaque data, with 4 bytes behind it.
+        let mut d = Decoder::new(&[0xff, 0xff, 0xff, 0xff, 1, 2, 3, 4]);
+        assert_eq!(
+            d.opaque(1024, "file name"),
+            Err(XdrError::TooLong {
+                what: "file name",
+                len: u64::from(u32::MAX),
+                max: 1024
+            })
+        );
+        // Within the limit but past the end of the message.
+        let mut d = Decoder::new(&[0, 0, 0, 9, 1, 2, 3, 4]);
+        assert_eq!(d.opaque(1024, "data"), Err(XdrError::Short));
+        // Padding missing after the data.
+        let mut d = Decoder::new(&[0, 0, 0, 3, 1, 2, 3]);
+        assert_eq!(d.opaque(1024, "data"), Err(XdrError::Short));
+        assert_eq!(
+            Decoder::new(&[0, 0, 0, 2]).bool(),
+            Err(XdrError::Bad {
+                what: "boolean",
+                value: 2
+            })
+        );
+        assert_eq!(Decoder::new(&[0, 0, 1]).u32(), Err(XdrError::Short));
+        assert_eq!(
+            Decoder::new(&[0, 1, 0, 0]).count(16, "groups"),
+            Err(XdrError::TooLong {
+                what: "groups",
+                len: 65536,
+                max: 16
+            })
+        );
+    }
+}
