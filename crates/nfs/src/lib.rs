@@ -5,4 +5,5 @@
 
 pub mod record;
 pub mod rpc;
+pub mod server;
 pub mod xdr;

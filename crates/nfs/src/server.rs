@@ -1,0 +1,244 @@
+//! The RPC server over a byte stream (TCP): records are read one after another and each call
+//! runs as a task of its own, at most CALLS_IN_FLIGHT_MAX at once per connection, so a slow
+//! call (a COMMIT) does not hold up the others; replies go out as they are ready, in any
+//! order, matched by their transaction ids.
+
+use crate::record::{frame, read_record};
+use crate::rpc::{self, AcceptStat, Call, Refusal};
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::sync::{mpsc, Semaphore};
+
+/// Calls of one connection running at once; the next record is read when one finishes.
+pub const CALLS_IN_FLIGHT_MAX: usize = 64;
+
+/// The reply a program gives a call: its body after an accept_stat of SUCCESS, or another
+/// accept_stat (PROC_UNAVAIL, GARBAGE_ARGS, SYSTEM_ERR) with no body.
+pub type Outcome = Result<Vec<u8>, AcceptStat>;
+
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// One RPC program in the versions `versions` covers (inclusive).
+pub trait Program: Send + Sync + 'static {
+    fn number(&self) -> u32;
+    fn versions(&self) -> (u32, u32);
+    /// Serves a call already checked to be for this program in one of its versions.
+    fn call<'a>(&'a self, call: &'a Call<'a>) -> BoxFuture<'a, Outcome>;
+}
+
+/// The programs one port serves (NFS and MOUNT share it: no portmapper is needed).
+pub struct Dispatcher {
+    programs: Vec<Arc<dyn Program>>,
+    record_bytes_max: usize,
+}
+
+impl Dispatcher {
+    /// `record_bytes_max` bounds a record (the largest WRITE plus its headers).
+    pub fn new(programs: Vec<Arc<dyn Program>>, record_bytes_max: usize) -> Arc<Dispatcher> {
+        Arc::new(Dispatcher {
+            programs,
+            record_bytes_max,
+        })
+    }
+
+    /// The reply to one record, or None when there is nothing to answer.
+    pub async fn reply(&self, record: &[u8]) -> Option<Vec<u8>> {
+        let call = match rpc::decode_call(record) {
+            Ok(c) => c,
+            Err(Refusal::Ignore) => return None,
+            Err(Refusal::Reply(r)) => return Some(r),
+        };
+        let Some(p) = self.programs.iter().find(|p| p.number() == call.prog) else {
+            return Some(rpc::accepted(call.xid, AcceptStat::ProgUnavail, &[]));
+        };
+        let (low, high) = p.versions();
+        if call.vers < low || call.vers > high {
+            return Some(rpc::prog_mismatch(call.xid, low, high));
+        }
+        Some(match p.call(&call).await {
+            Ok(body) => rpc::accepted(call.xid, AcceptStat::Success, &body),
+            Err(stat) => rpc::accepted(call.xid, stat, &[]),
+        })
+    }
+
+    /// Serves one client until it disconnects or breaks the record framing.
+    pub async fn serve_connection<S>(self: Arc<Self>, stream: S) -> io::Result<()>
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let (mut rd, mut wr) = tokio::io::split(stream);
+        let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
+        let writer = tokio::spawn(async move {
+            while let Some(reply) = rx.recv().await {
+                wr.write_all(&frame(&reply)).await?;
+                while let Ok(more) = rx.try_recv() {
+                    wr.write_all(&frame(&more)).await?;
+                }
+                wr.flush().await?;
+            }
+            Ok::<_, io::Error>(())
+        });
+        let slots = Arc::new(Semaphore::new(CALLS_IN_FLIGHT_MAX));
+        let result = loop {
+            let record = match read_record(&mut rd, self.record_bytes_max).await {
+                Ok(Some(r)) => r,
+                Ok(None) => break Ok(()),
+                Err(e) => break Err(e),
+            };
+            let slot = slots.clone().acquire_owned().await.expect("never closed");
+            let (me, tx) = (self.clone(), tx.clone());
+            tokio::spawn(async move {
+                if let Some(reply) = me.reply(&record).await {
+                    let _ = tx.send(reply);
+                }
+                drop(slot);
+            });
+        };
+        drop(tx);
+        // Calls still running send their replies before the writer ends.
+        let _ = writer.await;
+        result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rpc::{Credentials, AUTH_NONE, AUTH_SYS};
+    use crate::xdr::{Decoder, Encoder};
+    use std::time::Duration;
+    use tokio::io::AsyncReadExt;
+
+    /// Program 400000 version 1: procedure 0 answers nothing, 1 echoes its u32 argument after
+    /// waiting that many milliseconds, 2 answers the caller's uid.
+    struct Echo;
+
+    impl Program for Echo {
+        fn number(&self) -> u32 {
+            400_000
+        }
+        fn versions(&self) -> (u32, u32) {
+            (1, 1)
+        }
+        fn call<'a>(&'a self, call: &'a Call<'a>) -> BoxFuture<'a, Outcome> {
+            Box::pin(async move {
+                let mut out = Encoder::new();
+                match call.procedure {
+                    0 => {}
+                    1 => {
+                        let ms = Decoder::new(call.args)
+                            .u32()
+                            .map_err(|_| AcceptStat::GarbageArgs)?;
+                        tokio::time::sleep(Duration::from_millis(u64::from(ms))).await;
+                        out.u32(ms);
+                    }
+                    2 => match &call.cred {
+                        Credentials::Sys { uid, .. } => {
+                            out.u32(*uid);
+                        }
+                        Credentials::None => return Err(AcceptStat::SystemErr),
+                    },
+                    _ => return Err(AcceptStat::ProcUnavail),
+                }
+                Ok(out.into_bytes())
+            })
+        }
+    }
+
+    fn call(
+        xid: u32,
+        prog: u32,
+        vers: u32,
+        procedure: u32,
+        uid: Option<u32>,
+        args: &[u8],
+    ) -> Vec<u8> {
+        let mut e = Encoder::new();
+        e.u32(xid).u32(0).u32(2).u32(prog).u32(vers).u32(procedure);
+        match uid {
+            Some(uid) => {
+                let mut body = Encoder::new();
+                body.u32(0).opaque(b"test").u32(uid).u32(uid).u32(0);
+                e.u32(AUTH_SYS).opaque(&body.into_bytes());
+            }
+            None => {
+                e.u32(AUTH_NONE).opaque(&[]);
+            }
+        }
+        e.u32(AUTH_NONE).opaque(&[]).raw(args);
+        frame(&e.into_bytes())
+    }
+
+    async fn read_reply(r: &mut (impl AsyncRead + Unpin)) -> (u32, Vec<u8>) {
+        let rec = read_record(r, 1 << 20).await.unwrap().unwrap();
+        let xid = u32::from_be_bytes(rec[..4].try_into().unwrap());
+        (xid, rec)
+    }
+
+    #[tokio::test]
+    async fn calls_overlap_and_every_error_is_an_rpc_reply() {
+        let d = Dispatcher::new(vec![Arc::new(Echo)], 64 * 1024);
+        let (mut client, server) = tokio::io::duplex(1 << 20);
+        let served = tokio::spawn(d.serve_connection(server));
+        // A slow call first, a quick one second: the quick one is answered first.
+        client
+            .write_all(&call(1, 400_000, 1, 1, None, &300u32.to_be_bytes()))
+            .await
+            .unwrap();
+        client
+            .write_all(&call(2, 400_000, 1, 1, None, &0u32.to_be_bytes()))
+            .await
+            .unwrap();
+        assert_eq!(read_reply(&mut client).await.0, 2);
+        let (xid, slow) = read_reply(&mut client).await;
+        assert_eq!(xid, 1);
+        assert_eq!(
+            slow,
+            rpc::accepted(1, AcceptStat::Success, &300u32.to_be_bytes())
+        );
+
+        // AUTH_SYS reaches the program.
+        client
+            .write_all(&call(3, 400_000, 1, 2, Some(1000), &[]))
+            .await
+            .unwrap();
+        assert_eq!(
+            read_reply(&mut client).await.1,
+            rpc::accepted(3, AcceptStat::Success, &1000u32.to_be_bytes())
+        );
+        // Unknown program, version, procedure; arguments that do not decode.
+        for (msg, want) in [
+            (
+                call(4, 999, 1, 0, None, &[]),
+                rpc::accepted(4, AcceptStat::ProgUnavail, &[]),
+            ),
+            (
+                call(5, 400_000, 2, 0, None, &[]),
+                rpc::prog_mismatch(5, 1, 1),
+            ),
+            (
+                call(6, 400_000, 1, 9, None, &[]),
+                rpc::accepted(6, AcceptStat::ProcUnavail, &[]),
+            ),
+            (
+                call(7, 400_000, 1, 1, None, &[1]),
+                rpc::accepted(7, AcceptStat::GarbageArgs, &[]),
+            ),
+        ] {
+            client.write_all(&msg).await.unwrap();
+            assert_eq!(read_reply(&mut client).await.1, want);
+        }
+        // A record past the limit ends the connection (its framing cannot be trusted).
+        client
+            .write_all(&(0x8000_0000u32 | (1 << 20)).to_be_bytes())
+            .await
+            .unwrap();
+        assert!(served.await.unwrap().is_err());
+        let mut rest = Vec::new();
+        client.read_to_end(&mut rest).await.unwrap();
+        assert!(rest.is_empty());
+    }
+}
