@@ -218,17 +218,23 @@ pub struct Sealer {
     cipher: XChaCha20Poly1305,
     /// Keys the hash that stands for a name in a metadata key (`Sealer::name_hash`).
     name_key: [u8; 32],
+    /// Keys the tag of a file handle given to clients (`Sealer::handle_tag`).
+    handle_key: [u8; 32],
 }
 
 /// The context of the name-hash key's derivation from the data key. Part of the format: a
 /// different context would find no directory entry of an existing bucket.
 const NAME_HASH_CONTEXT: &str = "bucketfs 2026-11-27 names in metadata keys";
+/// The context of the file-handle key's derivation: a different one would make every handle a
+/// client holds (NFS) unknown to the server.
+const HANDLE_TAG_CONTEXT: &str = "bucketfs 2026-11-27 file handles given to clients";
 
 impl Sealer {
     pub fn new(key: &DataKey) -> Self {
         Self {
             cipher: XChaCha20Poly1305::new((&key.0).into()),
             name_key: blake3::derive_key(NAME_HASH_CONTEXT, &key.0),
+            handle_key: blake3::derive_key(HANDLE_TAG_CONTEXT, &key.0),
         }
     }
 
@@ -243,6 +249,13 @@ impl Sealer {
         h.update(name);
         let out = h.finalize();
         u64::from_be_bytes(out.as_bytes()[..8].try_into().expect("8 of 32 bytes"))
+    }
+
+    /// A 128-bit keyed tag of a file handle's contents: a client cannot make a handle for an
+    /// inode it was never given (and so skip the permissions of the directories above it).
+    pub fn handle_tag(&self, handle: &[u8]) -> [u8; 16] {
+        let out = blake3::keyed_hash(&self.handle_key, handle);
+        out.as_bytes()[..16].try_into().expect("16 of 32 bytes")
     }
 
     /// Bytes `seal_to_slice` writes for a plaintext of `plain_len` bytes.

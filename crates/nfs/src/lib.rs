@@ -3,7 +3,9 @@
 //! filesystem core. Every decoder bounds what it accepts before allocating, so a hostile
 //! length costs an error, not memory.
 
+pub mod handle;
 pub mod record;
 pub mod rpc;
 pub mod server;
+pub mod status;
 pub mod xdr;

@@ -459,6 +459,11 @@ impl Engine {
         self.inner.sealer.name_hash(scope, name)
     }
 
+    /// The keyed tag of a file handle (`Sealer::handle_tag`): stable for the bucket's data key.
+    pub fn handle_tag(&self, handle: &[u8]) -> [u8; 16] {
+        self.inner.sealer.handle_tag(handle)
+    }
+
     pub async fn kv_get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, EngineError> {
         self.ride_out_reads(|| self.kv_get_current(key)).await
     }
