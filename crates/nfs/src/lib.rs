@@ -4,6 +4,7 @@
 //! length costs an error, not memory.
 
 pub mod handle;
+pub mod mount;
 pub mod record;
 pub mod rpc;
 pub mod server;
