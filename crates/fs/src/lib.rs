@@ -51,7 +51,7 @@ const INO_RESERVE_COUNT: u64 = 1024;
 /// and tools divide by this, so it is large but far from overflowing anything (1 PiB).
 const UNLIMITED_BYTES: u64 = 1 << 50;
 /// statfs's block size.
-const STATFS_BLOCK_BYTES: u64 = 4096;
+pub const STATFS_BLOCK_BYTES: u64 = 4096;
 /// The layout this build writes (keys::LAYOUT).
 const LAYOUT_VERSION: u8 = 2;
 

@@ -5,6 +5,7 @@
 
 pub mod handle;
 pub mod mount;
+pub mod nfs3;
 pub mod record;
 pub mod rpc;
 pub mod server;

@@ -1,0 +1,488 @@
+//! NFS version 3 (RFC 1813) over the filesystem core: the procedures built so far, each
+//! acting as the caller its AUTH_SYS credential names. Attributes go out as fattr3 with
+//! every reply that carries them (post_op_attr).
+
+use crate::handle::{self, NFS3_FHSIZE};
+use crate::mount::caller;
+use crate::rpc::{AcceptStat, Call};
+use crate::server::{BoxFuture, Outcome, Program};
+use crate::status::{Nfs3Error, NFS3ERR_NOTDIR, NFS3_OK};
+use crate::xdr::{Decoder, Encoder, XdrResult};
+use bucketfs_fs::{
+    Caller, Fs, Inode, Kind, Time, MAY_EXEC, MAY_READ, MAY_WRITE, NAME_BYTES_MAX,
+    STATFS_BLOCK_BYTES,
+};
+use std::sync::Arc;
+
+pub const NFS_PROGRAM: u32 = 100_003;
+pub const NFS_V3: u32 = 3;
+
+/// The largest READ and WRITE this server offers (FSINFO's rtmax and wtmax).
+pub const IO_BYTES_MAX: u32 = 1024 * 1024;
+/// What FSINFO suggests for READDIR.
+const READDIR_PREF_BYTES: u32 = 64 * 1024;
+
+// ACCESS bits (RFC 1813 section 3.3.4).
+const ACCESS3_READ: u32 = 0x1;
+const ACCESS3_LOOKUP: u32 = 0x2;
+const ACCESS3_MODIFY: u32 = 0x4;
+const ACCESS3_EXTEND: u32 = 0x8;
+const ACCESS3_DELETE: u32 = 0x10;
+const ACCESS3_EXECUTE: u32 = 0x20;
+
+// FSINFO properties.
+const FSF3_LINK: u32 = 0x1;
+const FSF3_SYMLINK: u32 = 0x2;
+const FSF3_HOMOGENEOUS: u32 = 0x8;
+const FSF3_CANSETTIME: u32 = 0x10;
+
+/// The fsid every fattr3 carries: one filesystem per server.
+const FSID: u64 = 1;
+
+pub struct Nfs3Program {
+    fs: Arc<Fs>,
+}
+
+impl Nfs3Program {
+    pub fn new(fs: Arc<Fs>) -> Nfs3Program {
+        Nfs3Program { fs }
+    }
+}
+
+fn ftype(kind: Kind) -> u32 {
+    match kind {
+        Kind::File => 1,
+        Kind::Directory => 2,
+        Kind::BlockDevice => 3,
+        Kind::CharDevice => 4,
+        Kind::Symlink => 5,
+        Kind::Socket => 6,
+        Kind::Fifo => 7,
+    }
+}
+
+/// nfstime3 carries unsigned seconds: times before 1970 go out as 0.
+fn time(e: &mut Encoder, t: Time) {
+    e.u32(t.sec.clamp(0, i64::from(u32::MAX)) as u32)
+        .u32(t.nsec);
+}
+
+/// fattr3.
+pub fn fattr(e: &mut Encoder, i: &Inode) {
+    let rdev = i.rdev;
+    let (major, minor) = (
+        ((rdev >> 8) & 0xfff) as u32,
+        ((rdev & 0xff) | ((rdev >> 12) & 0xfff00)) as u32,
+    );
+    e.u32(ftype(i.kind()))
+        .u32(i.mode & 0o7777)
+        .u32(i.nlink)
+        .u32(i.uid)
+        .u32(i.gid)
+        .u64(i.size_bytes)
+        .u64(i.size_bytes.div_ceil(STATFS_BLOCK_BYTES) * STATFS_BLOCK_BYTES)
+        .u32(major)
+        .u32(minor)
+        .u64(FSID)
+        .u64(i.ino);
+    time(e, i.atime);
+    time(e, i.mtime);
+    time(e, i.ctime);
+}
+
+/// post_op_attr.
+fn post_op(e: &mut Encoder, i: Option<&Inode>) {
+    match i {
+        Some(i) => {
+            e.bool(true);
+            fattr(e, i);
+        }
+        None => {
+            e.bool(false);
+        }
+    }
+}
+
+fn fh<'a>(d: &mut Decoder<'a>) -> XdrResult<&'a [u8]> {
+    d.opaque(NFS3_FHSIZE, "file handle")
+}
+
+/// The ACCESS bits of `asked` the caller holds on `i`.
+fn access(who: &Caller, i: &Inode, asked: u32) -> u32 {
+    let may = |want| who.may(i, want);
+    let mut granted = 0;
+    if asked & ACCESS3_READ != 0 && may(MAY_READ) {
+        granted |= ACCESS3_READ;
+    }
+    if i.is_dir() {
+        if asked & ACCESS3_LOOKUP != 0 && may(MAY_EXEC) {
+            granted |= ACCESS3_LOOKUP;
+        }
+        if may(MAY_WRITE | MAY_EXEC) {
+            granted |= asked & (ACCESS3_MODIFY | ACCESS3_EXTEND | ACCESS3_DELETE);
+        }
+    } else {
+        if may(MAY_WRITE) {
+            granted |= asked & (ACCESS3_MODIFY | ACCESS3_EXTEND);
+        }
+        if asked & ACCESS3_EXECUTE != 0 && may(MAY_EXEC) {
+            granted |= ACCESS3_EXECUTE;
+        }
+    }
+    granted
+}
+
+impl Nfs3Program {
+    async fn getattr(&self, args: &mut Decoder<'_>, out: &mut Encoder) -> Result<(), AcceptStat> {
+        let h = fh(args).map_err(|_| AcceptStat::GarbageArgs)?;
+        match handle::decode(&self.fs, h).await {
+            Ok(i) => {
+                out.u32(NFS3_OK);
+                fattr(out, &i);
+            }
+            Err(Nfs3Error(s)) => {
+                out.u32(s);
+            }
+        }
+        Ok(())
+    }
+
+    async fn lookup(
+        &self,
+        call: &Call<'_>,
+        args: &mut Decoder<'_>,
+        out: &mut Encoder,
+    ) -> Result<(), AcceptStat> {
+        let (h, name) = (|| {
+            Ok::<_, crate::xdr::XdrError>((fh(args)?, args.opaque(NAME_BYTES_MAX, "filename3")?))
+        })()
+        .map_err(|_| AcceptStat::GarbageArgs)?;
+        let dir = match handle::decode(&self.fs, h).await {
+            Ok(d) => d,
+            Err(Nfs3Error(s)) => {
+                out.u32(s);
+                post_op(out, None);
+                return Ok(());
+            }
+        };
+        if !dir.is_dir() {
+            out.u32(NFS3ERR_NOTDIR.0);
+            post_op(out, Some(&dir));
+            return Ok(());
+        }
+        let who = caller(&call.cred);
+        let found = match name {
+            b"." | b".." if !who.may(&dir, MAY_EXEC) => Err(bucketfs_fs::FsError::Access),
+            b"." => Ok(dir.clone()),
+            b".." => self.fs.getattr(dir.parent).await,
+            _ => self.fs.lookup(&who, dir.ino, name).await,
+        };
+        match found {
+            Ok(i) => {
+                out.u32(NFS3_OK).opaque(&handle::encode(&self.fs, &i));
+                post_op(out, Some(&i));
+                post_op(out, Some(&dir));
+            }
+            Err(e) => {
+                out.u32(Nfs3Error::from(&e).0);
+                post_op(out, Some(&dir));
+            }
+        }
+        Ok(())
+    }
+
+    async fn access(
+        &self,
+        call: &Call<'_>,
+        args: &mut Decoder<'_>,
+        out: &mut Encoder,
+    ) -> Result<(), AcceptStat> {
+        let (h, asked) = (|| Ok::<_, crate::xdr::XdrError>((fh(args)?, args.u32()?)))()
+            .map_err(|_| AcceptStat::GarbageArgs)?;
+        match handle::decode(&self.fs, h).await {
+            Ok(i) => {
+                out.u32(NFS3_OK);
+                post_op(out, Some(&i));
+                out.u32(access(&caller(&call.cred), &i, asked));
+            }
+            Err(Nfs3Error(s)) => {
+                out.u32(s);
+                post_op(out, None);
+            }
+        }
+        Ok(())
+    }
+
+    /// FSSTAT, FSINFO and PATHCONF: facts about the filesystem, with the attributes of the
+    /// handle they were asked through.
+    async fn fs_facts(
+        &self,
+        procedure: u32,
+        args: &mut Decoder<'_>,
+        out: &mut Encoder,
+    ) -> Result<(), AcceptStat> {
+        let h = fh(args).map_err(|_| AcceptStat::GarbageArgs)?;
+        let i = match handle::decode(&self.fs, h).await {
+            Ok(i) => i,
+            Err(Nfs3Error(s)) => {
+                out.u32(s);
+                post_op(out, None);
+                return Ok(());
+            }
+        };
+        out.u32(NFS3_OK);
+        post_op(out, Some(&i));
+        match procedure {
+            18 => {
+                let s = self.fs.statfs();
+                out.u64(s.blocks * STATFS_BLOCK_BYTES)
+                    .u64(s.blocks_free * STATFS_BLOCK_BYTES)
+                    .u64(s.blocks_free * STATFS_BLOCK_BYTES)
+                    .u64(s.files)
+                    .u64(s.files_free)
+                    .u64(s.files_free)
+                    .u32(0);
+            }
+            19 => {
+                out.u32(IO_BYTES_MAX)
+                    .u32(IO_BYTES_MAX)
+                    .u32(STATFS_BLOCK_BYTES as u32)
+                    .u32(IO_BYTES_MAX)
+                    .u32(IO_BYTES_MAX)
+                    .u32(STATFS_BLOCK_BYTES as u32)
+                    .u32(READDIR_PREF_BYTES)
+                    .u64(bucketfs_fs::FILE_SIZE_BYTES_MAX)
+                    .u32(0)
+                    .u32(1)
+                    .u32(FSF3_LINK | FSF3_SYMLINK | FSF3_HOMOGENEOUS | FSF3_CANSETTIME);
+            }
+            _ => {
+                out.u32(u32::MAX)
+                    .u32(NAME_BYTES_MAX as u32)
+                    .bool(true)
+                    .bool(true)
+                    .bool(false)
+                    .bool(true);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Program for Nfs3Program {
+    fn number(&self) -> u32 {
+        NFS_PROGRAM
+    }
+
+    fn versions(&self) -> (u32, u32) {
+        (NFS_V3, NFS_V3)
+    }
+
+    fn call<'a>(&'a self, call: &'a Call<'a>) -> BoxFuture<'a, Outcome> {
+        Box::pin(async move {
+            let mut args = Decoder::new(call.args);
+            let mut out = Encoder::new();
+            match call.procedure {
+                0 => {}
+                1 => self.getattr(&mut args, &mut out).await?,
+                3 => self.lookup(call, &mut args, &mut out).await?,
+                4 => self.access(call, &mut args, &mut out).await?,
+                18..=20 => self.fs_facts(call.procedure, &mut args, &mut out).await?,
+                _ => return Err(AcceptStat::ProcUnavail),
+            }
+            Ok(out.into_bytes())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mount::MountProgram;
+    use crate::rpc::{self, AUTH_NONE, AUTH_SYS};
+    use crate::server::Dispatcher;
+    use crate::status::{NFS3ERR_ACCES, NFS3ERR_BADHANDLE, NFS3ERR_NOENT};
+    use bucketfs_engine::bucket::open_url;
+    use bucketfs_engine::{Engine, EngineOptions};
+    use bucketfs_fs::{ROOT_INO, S_IFDIR, S_IFREG};
+
+    fn call(xid: u32, prog: u32, procedure: u32, uid: u32, args: &[u8]) -> Vec<u8> {
+        let mut cred = Encoder::new();
+        cred.u32(0).opaque(b"host").u32(uid).u32(uid).u32(0);
+        let mut e = Encoder::new();
+        e.u32(xid).u32(0).u32(2).u32(prog).u32(3).u32(procedure);
+        e.u32(AUTH_SYS)
+            .opaque(&cred.into_bytes())
+            .u32(AUTH_NONE)
+            .opaque(&[])
+            .raw(args);
+        e.into_bytes()
+    }
+
+    fn body(reply: &[u8]) -> Decoder<'_> {
+        assert_eq!(reply[20..24], [0, 0, 0, 0], "accept_stat SUCCESS");
+        Decoder::new(&reply[24..])
+    }
+
+    /// fattr3's type, mode, uid and fileid, skipping the rest.
+    fn attr(d: &mut Decoder<'_>) -> (u32, u32, u32, u64) {
+        let (t, mode, _nlink, uid, _gid) = (
+            d.u32().unwrap(),
+            d.u32().unwrap(),
+            d.u32(),
+            d.u32().unwrap(),
+            d.u32(),
+        );
+        let (_size, _used, _rdev, _fsid) = (d.u64(), d.u64(), d.u64(), d.u64());
+        let fileid = d.u64().unwrap();
+        for _ in 0..6 {
+            d.u32().unwrap();
+        }
+        (t, mode, uid, fileid)
+    }
+
+    fn args(parts: &[&[u8]], tail: &[u32]) -> Vec<u8> {
+        let mut e = Encoder::new();
+        for p in parts {
+            e.opaque(p);
+        }
+        for v in tail {
+            e.u32(*v);
+        }
+        e.into_bytes()
+    }
+
+    #[tokio::test]
+    async fn getattr_lookup_access_and_the_facts_of_the_filesystem() {
+        let bucket = open_url("memory://", &Vec::new()).unwrap();
+        let engine = Engine::open(bucket, EngineOptions::for_tests("pw"))
+            .await
+            .unwrap();
+        let fs = Arc::new(Fs::open(engine).await.unwrap());
+        let root = Caller::root();
+        let private = fs
+            .make(&root, ROOT_INO, b"private", S_IFDIR | 0o700, 0)
+            .await
+            .unwrap();
+        let file = fs
+            .make(&root, ROOT_INO, b"file", S_IFREG | 0o640, 0)
+            .await
+            .unwrap();
+        let d = Dispatcher::new(
+            vec![
+                Arc::new(MountProgram::new(fs.clone(), vec!["/".into()])),
+                Arc::new(Nfs3Program::new(fs.clone())),
+            ],
+            1 << 16,
+        );
+        let r = d
+            .reply(&call(1, 100_005, 1, 0, &args(&[b"/"], &[])))
+            .await
+            .unwrap();
+        let mut b = body(&r);
+        assert_eq!(b.u32(), Ok(0));
+        let root_fh = b.opaque(64, "fh").unwrap().to_vec();
+
+        // GETATTR of the root: a directory, 0755, owned by root, file id 1.
+        let r = d
+            .reply(&call(2, NFS_PROGRAM, 1, 0, &args(&[&root_fh], &[])))
+            .await
+            .unwrap();
+        let mut b = body(&r);
+        assert_eq!(b.u32(), Ok(NFS3_OK));
+        assert_eq!(attr(&mut b), (2, 0o755, 0, ROOT_INO));
+
+        // LOOKUP of the file as uid 1000: found, with the file's and the directory's attributes.
+        let r = d
+            .reply(&call(
+                3,
+                NFS_PROGRAM,
+                3,
+                1000,
+                &args(&[&root_fh, b"file"], &[]),
+            ))
+            .await
+            .unwrap();
+        let mut b = body(&r);
+        assert_eq!(b.u32(), Ok(NFS3_OK));
+        let file_fh = b.opaque(64, "fh").unwrap().to_vec();
+        assert_eq!(b.bool(), Ok(true));
+        assert_eq!(attr(&mut b), (1, 0o640, 0, file.ino));
+        assert_eq!(b.bool(), Ok(true));
+        assert_eq!(attr(&mut b).3, ROOT_INO);
+        // A missing name, and a name below a directory uid 1000 may not search.
+        let r = d
+            .reply(&call(
+                4,
+                NFS_PROGRAM,
+                3,
+                1000,
+                &args(&[&root_fh, b"nope"], &[]),
+            ))
+            .await
+            .unwrap();
+        assert_eq!(body(&r).u32(), Ok(NFS3ERR_NOENT.0));
+        let private_fh = handle::encode(&fs, &private);
+        let r = d
+            .reply(&call(
+                5,
+                NFS_PROGRAM,
+                3,
+                1000,
+                &args(&[&private_fh, b".."], &[]),
+            ))
+            .await
+            .unwrap();
+        assert_eq!(body(&r).u32(), Ok(NFS3ERR_ACCES.0));
+
+        // ACCESS: uid 1000 (other) may read the 0640 file? No; root may read and modify it.
+        let all = ACCESS3_READ | ACCESS3_MODIFY | ACCESS3_EXTEND | ACCESS3_EXECUTE;
+        for (uid, want) in [
+            (1000, 0),
+            (0, ACCESS3_READ | ACCESS3_MODIFY | ACCESS3_EXTEND),
+        ] {
+            let r = d
+                .reply(&call(6, NFS_PROGRAM, 4, uid, &args(&[&file_fh], &[all])))
+                .await
+                .unwrap();
+            let mut b = body(&r);
+            assert_eq!(b.u32(), Ok(NFS3_OK));
+            assert_eq!(b.bool(), Ok(true));
+            attr(&mut b);
+            assert_eq!(b.u32(), Ok(want), "uid {uid}");
+        }
+
+        // FSINFO: the transfer sizes; PATHCONF: names up to 255 bytes.
+        let r = d
+            .reply(&call(7, NFS_PROGRAM, 19, 0, &args(&[&root_fh], &[])))
+            .await
+            .unwrap();
+        let mut b = body(&r);
+        assert_eq!((b.u32(), b.bool()), (Ok(NFS3_OK), Ok(true)));
+        attr(&mut b);
+        assert_eq!(b.u32(), Ok(IO_BYTES_MAX));
+        let r = d
+            .reply(&call(8, NFS_PROGRAM, 20, 0, &args(&[&root_fh], &[])))
+            .await
+            .unwrap();
+        let mut b = body(&r);
+        assert_eq!((b.u32(), b.bool()), (Ok(NFS3_OK), Ok(true)));
+        attr(&mut b);
+        assert_eq!((b.u32(), b.u32()), (Ok(u32::MAX), Ok(255)));
+
+        // A forged handle, and arguments cut short.
+        let mut forged = root_fh.clone();
+        forged[3] ^= 1;
+        let r = d
+            .reply(&call(9, NFS_PROGRAM, 1, 0, &args(&[&forged], &[])))
+            .await
+            .unwrap();
+        assert_eq!(body(&r).u32(), Ok(NFS3ERR_BADHANDLE.0));
+        assert_eq!(
+            d.reply(&call(10, NFS_PROGRAM, 4, 0, &args(&[&file_fh], &[])))
+                .await
+                .unwrap(),
+            rpc::accepted(10, AcceptStat::GarbageArgs, &[])
+        );
+    }
+}
