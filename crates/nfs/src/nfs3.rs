@@ -21,6 +21,16 @@ pub const NFS_V3: u32 = 3;
 pub const IO_BYTES_MAX: u32 = 1024 * 1024;
 /// What FSINFO suggests for READDIR.
 const READDIR_PREF_BYTES: u32 = 64 * 1024;
+/// Entries read from the core for one READDIR or READDIRPLUS at most.
+const READDIR_ENTRIES_MAX: usize = 4096;
+/// Bytes of a READDIR(PLUS) reply besides its entries: status, post_op_attr, verifier, the
+/// list's end and eof.
+const READDIR_HEAD_BYTES: usize = 4 + 4 + 84 + 8 + 4 + 4;
+/// Bytes of a READDIRPLUS entry besides its name: value-follows, fileid, name length, cookie,
+/// post_op_attr and post_op_fh3.
+const READDIRPLUS_ENTRY_BYTES: usize = 4 + 8 + 4 + 8 + 4 + 84 + 4 + 4 + handle::HANDLE_BYTES + 3;
+/// The same for READDIR.
+const READDIR_ENTRY_BYTES: usize = 4 + 8 + 4 + 8;
 
 // ACCESS bits (RFC 1813 section 3.3.4).
 const ACCESS3_READ: u32 = 0x1;
@@ -213,6 +223,149 @@ impl Nfs3Program {
         Ok(())
     }
 
+    /// The inode a handle names, or the reply already holds the error and an empty
+    /// post_op_attr.
+    async fn object(&self, h: &[u8], out: &mut Encoder) -> Option<Inode> {
+        match handle::decode(&self.fs, h).await {
+            Ok(i) => Some(i),
+            Err(Nfs3Error(s)) => {
+                out.u32(s);
+                post_op(out, None);
+                None
+            }
+        }
+    }
+
+    async fn readlink(&self, args: &mut Decoder<'_>, out: &mut Encoder) -> Result<(), AcceptStat> {
+        let h = fh(args).map_err(|_| AcceptStat::GarbageArgs)?;
+        let Some(i) = self.object(h, out).await else {
+            return Ok(());
+        };
+        match self.fs.readlink(i.ino).await {
+            Ok(target) => {
+                out.u32(NFS3_OK);
+                post_op(out, Some(&i));
+                out.opaque(&target);
+            }
+            Err(e) => {
+                out.u32(Nfs3Error::from(&e).0);
+                post_op(out, Some(&i));
+            }
+        }
+        Ok(())
+    }
+
+    /// READ. NFS has no open, so every read checks permission; the owner may read a file
+    /// whatever its mode says, as a local process that opened it before a chmod could.
+    async fn read(
+        &self,
+        call: &Call<'_>,
+        args: &mut Decoder<'_>,
+        out: &mut Encoder,
+    ) -> Result<(), AcceptStat> {
+        let (h, offset, count) =
+            (|| Ok::<_, crate::xdr::XdrError>((fh(args)?, args.u64()?, args.u32()?)))()
+                .map_err(|_| AcceptStat::GarbageArgs)?;
+        let Some(i) = self.object(h, out).await else {
+            return Ok(());
+        };
+        let who = caller(&call.cred);
+        if !(who.may(&i, MAY_READ) || who.uid == i.uid) {
+            out.u32(crate::status::NFS3ERR_ACCES.0);
+            post_op(out, Some(&i));
+            return Ok(());
+        }
+        let count = count.min(IO_BYTES_MAX) as usize;
+        match self.fs.read_file(i.ino, offset, count).await {
+            Ok(data) => {
+                let eof = offset.saturating_add(data.len() as u64) >= i.size_bytes;
+                out.u32(NFS3_OK);
+                post_op(out, Some(&i));
+                out.u32(data.len() as u32).bool(eof).opaque(&data);
+            }
+            Err(e) => {
+                out.u32(Nfs3Error::from(&e).0);
+                post_op(out, Some(&i));
+            }
+        }
+        Ok(())
+    }
+
+    /// READDIR and READDIRPLUS (`plus`): entries after `cookie` while they fit in the count the
+    /// client gave. Cookies are the core's, stable while entries come and go, so the cookie
+    /// verifier is always zero and never refused.
+    async fn readdir(
+        &self,
+        call: &Call<'_>,
+        plus: bool,
+        args: &mut Decoder<'_>,
+        out: &mut Encoder,
+    ) -> Result<(), AcceptStat> {
+        let parsed = (|| {
+            let h = fh(args)?;
+            let cookie = args.u64()?;
+            args.fixed(8)?;
+            let count = args.u32()?;
+            let max = if plus { args.u32()? } else { count };
+            Ok::<_, crate::xdr::XdrError>((h, cookie, max))
+        })();
+        let (h, cookie, max) = parsed.map_err(|_| AcceptStat::GarbageArgs)?;
+        let Some(dir) = self.object(h, out).await else {
+            return Ok(());
+        };
+        let who = caller(&call.cred);
+        let per_entry = if plus {
+            READDIRPLUS_ENTRY_BYTES
+        } else {
+            READDIR_ENTRY_BYTES
+        };
+        let room = (max.min(IO_BYTES_MAX) as usize).saturating_sub(READDIR_HEAD_BYTES);
+        let want = (room / per_entry + 1).min(READDIR_ENTRIES_MAX);
+        let entries = match self.fs.readdir(&who, dir.ino, cookie, want).await {
+            Ok(e) => e,
+            Err(e) => {
+                out.u32(Nfs3Error::from(&e).0);
+                post_op(out, Some(&dir));
+                return Ok(());
+            }
+        };
+        let mut list = Encoder::new();
+        let mut sent = 0;
+        for e in &entries {
+            let size = per_entry + e.name.len() + 3;
+            if list.len() + size > room {
+                break;
+            }
+            list.bool(true).u64(e.ino).opaque(&e.name).u64(e.cookie);
+            if plus {
+                match self.fs.getattr(e.ino).await {
+                    Ok(i) => {
+                        post_op(&mut list, Some(&i));
+                        list.bool(true).opaque(&handle::encode(&self.fs, &i));
+                    }
+                    // Gone since the listing: its name without attributes or handle.
+                    Err(_) => {
+                        list.bool(false).bool(false);
+                    }
+                }
+            }
+            sent += 1;
+        }
+        if sent == 0 && !entries.is_empty() {
+            out.u32(crate::status::NFS3ERR_TOOSMALL.0);
+            post_op(out, Some(&dir));
+            return Ok(());
+        }
+        let eof = sent == entries.len() && entries.len() < want;
+        out.u32(NFS3_OK);
+        post_op(out, Some(&dir));
+        out.fixed(&[0; 8])
+            .raw(&list.into_bytes())
+            .bool(false)
+            .bool(eof);
+        Ok(())
+    }
+
     /// FSSTAT, FSINFO and PATHCONF: facts about the filesystem, with the attributes of the
     /// handle they were asked through.
     async fn fs_facts(
@@ -287,6 +440,10 @@ impl Program for Nfs3Program {
                 1 => self.getattr(&mut args, &mut out).await?,
                 3 => self.lookup(call, &mut args, &mut out).await?,
                 4 => self.access(call, &mut args, &mut out).await?,
+                5 => self.readlink(&mut args, &mut out).await?,
+                6 => self.read(call, &mut args, &mut out).await?,
+                16 => self.readdir(call, false, &mut args, &mut out).await?,
+                17 => self.readdir(call, true, &mut args, &mut out).await?,
                 18..=20 => self.fs_facts(call.procedure, &mut args, &mut out).await?,
                 _ => return Err(AcceptStat::ProcUnavail),
             }

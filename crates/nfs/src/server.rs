@@ -64,6 +64,20 @@ impl Dispatcher {
         })
     }
 
+    /// Accepts TCP clients and serves each until it goes away.
+    pub async fn serve_tcp(self: Arc<Self>, listener: tokio::net::TcpListener) -> io::Result<()> {
+        loop {
+            let (stream, peer) = listener.accept().await?;
+            let _ = stream.set_nodelay(true);
+            let me = self.clone();
+            tokio::spawn(async move {
+                if let Err(e) = me.serve_connection(stream).await {
+                    tracing::warn!(%peer, error = %e, "NFS connection ended");
+                }
+            });
+        }
+    }
+
     /// Serves one client until it disconnects or breaks the record framing.
     pub async fn serve_connection<S>(self: Arc<Self>, stream: S) -> io::Result<()>
     where
