@@ -49,14 +49,47 @@ const FSF3_CANSETTIME: u32 = 0x10;
 /// The fsid every fattr3 carries: one filesystem per server.
 const FSID: u64 = 1;
 
+// stable_how.
+const UNSTABLE: u32 = 0;
+const FILE_SYNC: u32 = 2;
+
 pub struct Nfs3Program {
     fs: Arc<Fs>,
+    /// The write verifier: new at every start of the server, so a client that wrote UNSTABLE
+    /// data a crash may have lost sees it change at its COMMIT and sends that data again.
+    verifier: [u8; 8],
 }
 
 impl Nfs3Program {
     pub fn new(fs: Arc<Fs>) -> Nfs3Program {
-        Nfs3Program { fs }
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        let v = (now.as_nanos() as u64) ^ (u64::from(std::process::id()) << 48);
+        Nfs3Program {
+            fs,
+            verifier: v.to_be_bytes(),
+        }
     }
+
+    pub fn verifier(&self) -> [u8; 8] {
+        self.verifier
+    }
+}
+
+/// wcc_data: the size and times before the change (pre_op_attr), the attributes after.
+fn wcc(e: &mut Encoder, before: Option<&Inode>, after: Option<&Inode>) {
+    match before {
+        Some(b) => {
+            e.bool(true).u64(b.size_bytes);
+            time(e, b.mtime);
+            time(e, b.ctime);
+        }
+        None => {
+            e.bool(false);
+        }
+    }
+    post_op(e, after);
 }
 
 fn ftype(kind: Kind) -> u32 {
@@ -366,6 +399,101 @@ impl Nfs3Program {
         Ok(())
     }
 
+    /// WRITE. UNSTABLE data is answered as UNSTABLE: it is in the server's memory, and only a
+    /// COMMIT (or the engine's own flush) makes it durable. DATA_SYNC and FILE_SYNC are made
+    /// durable before the reply, which then says FILE_SYNC.
+    async fn write(
+        &self,
+        call: &Call<'_>,
+        args: &mut Decoder<'_>,
+        out: &mut Encoder,
+    ) -> Result<(), AcceptStat> {
+        let parsed = (|| {
+            let h = fh(args)?;
+            let (offset, count, stable) = (args.u64()?, args.u32()?, args.u32()?);
+            let data = args.opaque(IO_BYTES_MAX as usize, "write data")?;
+            Ok::<_, crate::xdr::XdrError>((h, offset, count, stable, data))
+        })();
+        let (h, offset, count, stable, data) = parsed.map_err(|_| AcceptStat::GarbageArgs)?;
+        if count as usize != data.len() || stable > FILE_SYNC {
+            return Err(AcceptStat::GarbageArgs);
+        }
+        let Some(before) = self.object_wcc(h, out).await else {
+            return Ok(());
+        };
+        let who = caller(&call.cred);
+        if !(who.may(&before, MAY_WRITE) || who.uid == before.uid) {
+            out.u32(crate::status::NFS3ERR_ACCES.0);
+            wcc(out, Some(&before), Some(&before));
+            return Ok(());
+        }
+        let mut result = self
+            .fs
+            .write_file(&who, before.ino, offset, data, false)
+            .await;
+        if stable != UNSTABLE {
+            if let Ok(after) = &result {
+                let ino = after.ino;
+                if let Err(e) = self.fs.fsync(ino).await {
+                    result = Err(e);
+                }
+            }
+        }
+        match result {
+            Ok(after) => {
+                out.u32(NFS3_OK);
+                wcc(out, Some(&before), Some(&after));
+                out.u32(count)
+                    .u32(if stable == UNSTABLE {
+                        UNSTABLE
+                    } else {
+                        FILE_SYNC
+                    })
+                    .fixed(&self.verifier);
+            }
+            Err(e) => {
+                out.u32(Nfs3Error::from(&e).0);
+                let now = self.fs.getattr(before.ino).await.ok();
+                wcc(out, Some(&before), now.as_ref());
+            }
+        }
+        Ok(())
+    }
+
+    /// COMMIT: returns once everything written before it is durable (the engine's log is one
+    /// order, so that covers the whole file, whatever range was asked).
+    async fn commit(&self, args: &mut Decoder<'_>, out: &mut Encoder) -> Result<(), AcceptStat> {
+        let parsed = (|| Ok::<_, crate::xdr::XdrError>((fh(args)?, args.u64()?, args.u32()?)))();
+        let (h, _offset, _count) = parsed.map_err(|_| AcceptStat::GarbageArgs)?;
+        let Some(i) = self.object_wcc(h, out).await else {
+            return Ok(());
+        };
+        match self.fs.fsync(i.ino).await {
+            Ok(()) => {
+                out.u32(NFS3_OK);
+                wcc(out, Some(&i), Some(&i));
+                out.fixed(&self.verifier);
+            }
+            Err(e) => {
+                out.u32(Nfs3Error::from(&e).0);
+                wcc(out, Some(&i), Some(&i));
+            }
+        }
+        Ok(())
+    }
+
+    /// Like `object`, for replies whose failure carries wcc_data.
+    async fn object_wcc(&self, h: &[u8], out: &mut Encoder) -> Option<Inode> {
+        match handle::decode(&self.fs, h).await {
+            Ok(i) => Some(i),
+            Err(Nfs3Error(s)) => {
+                out.u32(s);
+                wcc(out, None, None);
+                None
+            }
+        }
+    }
+
     /// FSSTAT, FSINFO and PATHCONF: facts about the filesystem, with the attributes of the
     /// handle they were asked through.
     async fn fs_facts(
@@ -442,9 +570,11 @@ impl Program for Nfs3Program {
                 4 => self.access(call, &mut args, &mut out).await?,
                 5 => self.readlink(&mut args, &mut out).await?,
                 6 => self.read(call, &mut args, &mut out).await?,
+                7 => self.write(call, &mut args, &mut out).await?,
                 16 => self.readdir(call, false, &mut args, &mut out).await?,
                 17 => self.readdir(call, true, &mut args, &mut out).await?,
                 18..=20 => self.fs_facts(call.procedure, &mut args, &mut out).await?,
+                21 => self.commit(&mut args, &mut out).await?,
                 _ => return Err(AcceptStat::ProcUnavail),
             }
             Ok(out.into_bytes())
@@ -626,6 +756,79 @@ mod tests {
         assert_eq!((b.u32(), b.bool()), (Ok(NFS3_OK), Ok(true)));
         attr(&mut b);
         assert_eq!((b.u32(), b.u32()), (Ok(u32::MAX), Ok(255)));
+
+        // WRITE UNSTABLE answers UNSTABLE with the verifier; COMMIT answers the same verifier;
+        // FILE_SYNC answers FILE_SYNC. READ gives the bytes back.
+        let nfs3 = Nfs3Program::new(fs.clone());
+        let verifier = nfs3.verifier();
+        let d2 = Dispatcher::new(vec![Arc::new(nfs3)], 1 << 16);
+        for (xid, stable, want) in [
+            (20, UNSTABLE, UNSTABLE),
+            (21, 1, FILE_SYNC),
+            (22, FILE_SYNC, FILE_SYNC),
+        ] {
+            let mut a = Encoder::new();
+            a.opaque(&file_fh)
+                .u64(0)
+                .u32(5)
+                .u32(stable)
+                .opaque(b"12345");
+            let r = d2
+                .reply(&call(xid, NFS_PROGRAM, 7, 0, &a.into_bytes()))
+                .await
+                .unwrap();
+            let mut b = body(&r);
+            assert_eq!(b.u32(), Ok(NFS3_OK));
+            assert_eq!(b.bool(), Ok(true));
+            assert_eq!(
+                b.u64(),
+                Ok(if xid == 20 { 0 } else { 5 }),
+                "the size before"
+            );
+            b.fixed(16).unwrap();
+            assert_eq!(b.bool(), Ok(true));
+            attr(&mut b);
+            assert_eq!((b.u32(), b.u32()), (Ok(5), Ok(want)));
+            assert_eq!(b.fixed(8), Ok(&verifier[..]));
+        }
+        let mut a = Encoder::new();
+        a.opaque(&file_fh).u64(0).u32(0);
+        let r = d2
+            .reply(&call(23, NFS_PROGRAM, 21, 0, &a.into_bytes()))
+            .await
+            .unwrap();
+        let mut b = body(&r);
+        assert_eq!(b.u32(), Ok(NFS3_OK));
+        assert_eq!((b.bool(), b.u64()), (Ok(true), Ok(5)));
+        b.fixed(16).unwrap();
+        assert_eq!(b.bool(), Ok(true));
+        attr(&mut b);
+        assert_eq!(b.fixed(8), Ok(&verifier[..]));
+        assert_eq!(fs.read_file(file.ino, 0, 10).await.unwrap(), b"12345");
+        // A count that is not the data's length is garbage; uid 1000 may not write root's 0640 file.
+        let mut a = Encoder::new();
+        a.opaque(&file_fh)
+            .u64(0)
+            .u32(9)
+            .u32(UNSTABLE)
+            .opaque(b"12345");
+        assert_eq!(
+            d2.reply(&call(24, NFS_PROGRAM, 7, 0, &a.into_bytes()))
+                .await
+                .unwrap(),
+            rpc::accepted(24, AcceptStat::GarbageArgs, &[])
+        );
+        let mut a = Encoder::new();
+        a.opaque(&file_fh)
+            .u64(0)
+            .u32(5)
+            .u32(UNSTABLE)
+            .opaque(b"12345");
+        let r = d2
+            .reply(&call(25, NFS_PROGRAM, 7, 1000, &a.into_bytes()))
+            .await
+            .unwrap();
+        assert_eq!(body(&r).u32(), Ok(NFS3ERR_ACCES.0));
 
         // A forged handle, and arguments cut short.
         let mut forged = root_fh.clone();
