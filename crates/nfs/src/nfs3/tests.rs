@@ -1,0 +1,263 @@
+//! NFSv3 procedures through the RPC dispatcher, beside MOUNT, over the core on `memory://`.
+
+use super::*;
+use crate::mount::MountProgram;
+use crate::rpc::{self, AUTH_NONE, AUTH_SYS};
+use crate::server::Dispatcher;
+use crate::status::{NFS3ERR_ACCES, NFS3ERR_BADHANDLE, NFS3ERR_NOENT};
+use bucketfs_engine::bucket::open_url;
+use bucketfs_engine::{Engine, EngineOptions};
+use bucketfs_fs::{ROOT_INO, S_IFDIR, S_IFREG};
+
+fn call(xid: u32, prog: u32, procedure: u32, uid: u32, args: &[u8]) -> Vec<u8> {
+    let mut cred = Encoder::new();
+    cred.u32(0).opaque(b"host").u32(uid).u32(uid).u32(0);
+    let mut e = Encoder::new();
+    e.u32(xid).u32(0).u32(2).u32(prog).u32(3).u32(procedure);
+    e.u32(AUTH_SYS)
+        .opaque(&cred.into_bytes())
+        .u32(AUTH_NONE)
+        .opaque(&[])
+        .raw(args);
+    e.into_bytes()
+}
+
+fn body(reply: &[u8]) -> Decoder<'_> {
+    assert_eq!(reply[20..24], [0, 0, 0, 0], "accept_stat SUCCESS");
+    Decoder::new(&reply[24..])
+}
+
+/// fattr3's type, mode, uid and fileid, skipping the rest.
+fn attr(d: &mut Decoder<'_>) -> (u32, u32, u32, u64) {
+    let (t, mode, _nlink, uid, _gid) = (
+        d.u32().unwrap(),
+        d.u32().unwrap(),
+        d.u32(),
+        d.u32().unwrap(),
+        d.u32(),
+    );
+    let (_size, _used, _rdev, _fsid) = (d.u64(), d.u64(), d.u64(), d.u64());
+    let fileid = d.u64().unwrap();
+    for _ in 0..6 {
+        d.u32().unwrap();
+    }
+    (t, mode, uid, fileid)
+}
+
+fn args(parts: &[&[u8]], tail: &[u32]) -> Vec<u8> {
+    let mut e = Encoder::new();
+    for p in parts {
+        e.opaque(p);
+    }
+    for v in tail {
+        e.u32(*v);
+    }
+    e.into_bytes()
+}
+
+#[tokio::test]
+async fn getattr_lookup_access_and_the_facts_of_the_filesystem() {
+    let bucket = open_url("memory://", &Vec::new()).unwrap();
+    let engine = Engine::open(bucket, EngineOptions::for_tests("pw"))
+        .await
+        .unwrap();
+    let fs = Arc::new(Fs::open(engine).await.unwrap());
+    let root = Caller::root();
+    let private = fs
+        .make(&root, ROOT_INO, b"private", S_IFDIR | 0o700, 0)
+        .await
+        .unwrap();
+    let file = fs
+        .make(&root, ROOT_INO, b"file", S_IFREG | 0o640, 0)
+        .await
+        .unwrap();
+    let d = Dispatcher::new(
+        vec![
+            Arc::new(MountProgram::new(fs.clone(), vec!["/".into()])),
+            Arc::new(Nfs3Program::new(fs.clone())),
+        ],
+        1 << 16,
+    );
+    let r = d
+        .reply(&call(1, 100_005, 1, 0, &args(&[b"/"], &[])))
+        .await
+        .unwrap();
+    let mut b = body(&r);
+    assert_eq!(b.u32(), Ok(0));
+    let root_fh = b.opaque(64, "fh").unwrap().to_vec();
+
+    // GETATTR of the root: a directory, 0755, owned by root, file id 1.
+    let r = d
+        .reply(&call(2, NFS_PROGRAM, 1, 0, &args(&[&root_fh], &[])))
+        .await
+        .unwrap();
+    let mut b = body(&r);
+    assert_eq!(b.u32(), Ok(NFS3_OK));
+    assert_eq!(attr(&mut b), (2, 0o755, 0, ROOT_INO));
+
+    // LOOKUP of the file as uid 1000: found, with the file's and the directory's attributes.
+    let r = d
+        .reply(&call(
+            3,
+            NFS_PROGRAM,
+            3,
+            1000,
+            &args(&[&root_fh, b"file"], &[]),
+        ))
+        .await
+        .unwrap();
+    let mut b = body(&r);
+    assert_eq!(b.u32(), Ok(NFS3_OK));
+    let file_fh = b.opaque(64, "fh").unwrap().to_vec();
+    assert_eq!(b.bool(), Ok(true));
+    assert_eq!(attr(&mut b), (1, 0o640, 0, file.ino));
+    assert_eq!(b.bool(), Ok(true));
+    assert_eq!(attr(&mut b).3, ROOT_INO);
+    // A missing name, and a name below a directory uid 1000 may not search.
+    let r = d
+        .reply(&call(
+            4,
+            NFS_PROGRAM,
+            3,
+            1000,
+            &args(&[&root_fh, b"nope"], &[]),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(body(&r).u32(), Ok(NFS3ERR_NOENT.0));
+    let private_fh = handle::encode(&fs, &private);
+    let r = d
+        .reply(&call(
+            5,
+            NFS_PROGRAM,
+            3,
+            1000,
+            &args(&[&private_fh, b".."], &[]),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(body(&r).u32(), Ok(NFS3ERR_ACCES.0));
+
+    // ACCESS: uid 1000 (other) may read the 0640 file? No; root may read and modify it.
+    let all = ACCESS3_READ | ACCESS3_MODIFY | ACCESS3_EXTEND | ACCESS3_EXECUTE;
+    for (uid, want) in [
+        (1000, 0),
+        (0, ACCESS3_READ | ACCESS3_MODIFY | ACCESS3_EXTEND),
+    ] {
+        let r = d
+            .reply(&call(6, NFS_PROGRAM, 4, uid, &args(&[&file_fh], &[all])))
+            .await
+            .unwrap();
+        let mut b = body(&r);
+        assert_eq!(b.u32(), Ok(NFS3_OK));
+        assert_eq!(b.bool(), Ok(true));
+        attr(&mut b);
+        assert_eq!(b.u32(), Ok(want), "uid {uid}");
+    }
+
+    // FSINFO: the transfer sizes; PATHCONF: names up to 255 bytes.
+    let r = d
+        .reply(&call(7, NFS_PROGRAM, 19, 0, &args(&[&root_fh], &[])))
+        .await
+        .unwrap();
+    let mut b = body(&r);
+    assert_eq!((b.u32(), b.bool()), (Ok(NFS3_OK), Ok(true)));
+    attr(&mut b);
+    assert_eq!(b.u32(), Ok(IO_BYTES_MAX));
+    let r = d
+        .reply(&call(8, NFS_PROGRAM, 20, 0, &args(&[&root_fh], &[])))
+        .await
+        .unwrap();
+    let mut b = body(&r);
+    assert_eq!((b.u32(), b.bool()), (Ok(NFS3_OK), Ok(true)));
+    attr(&mut b);
+    assert_eq!((b.u32(), b.u32()), (Ok(u32::MAX), Ok(255)));
+
+    // WRITE UNSTABLE answers UNSTABLE with the verifier; COMMIT answers the same verifier;
+    // FILE_SYNC answers FILE_SYNC. READ gives the bytes back.
+    let nfs3 = Nfs3Program::new(fs.clone());
+    let verifier = nfs3.verifier();
+    let d2 = Dispatcher::new(vec![Arc::new(nfs3)], 1 << 16);
+    for (xid, stable, want) in [
+        (20, UNSTABLE, UNSTABLE),
+        (21, 1, FILE_SYNC),
+        (22, FILE_SYNC, FILE_SYNC),
+    ] {
+        let mut a = Encoder::new();
+        a.opaque(&file_fh)
+            .u64(0)
+            .u32(5)
+            .u32(stable)
+            .opaque(b"12345");
+        let r = d2
+            .reply(&call(xid, NFS_PROGRAM, 7, 0, &a.into_bytes()))
+            .await
+            .unwrap();
+        let mut b = body(&r);
+        assert_eq!(b.u32(), Ok(NFS3_OK));
+        assert_eq!(b.bool(), Ok(true));
+        assert_eq!(
+            b.u64(),
+            Ok(if xid == 20 { 0 } else { 5 }),
+            "the size before"
+        );
+        b.fixed(16).unwrap();
+        assert_eq!(b.bool(), Ok(true));
+        attr(&mut b);
+        assert_eq!((b.u32(), b.u32()), (Ok(5), Ok(want)));
+        assert_eq!(b.fixed(8), Ok(&verifier[..]));
+    }
+    let mut a = Encoder::new();
+    a.opaque(&file_fh).u64(0).u32(0);
+    let r = d2
+        .reply(&call(23, NFS_PROGRAM, 21, 0, &a.into_bytes()))
+        .await
+        .unwrap();
+    let mut b = body(&r);
+    assert_eq!(b.u32(), Ok(NFS3_OK));
+    assert_eq!((b.bool(), b.u64()), (Ok(true), Ok(5)));
+    b.fixed(16).unwrap();
+    assert_eq!(b.bool(), Ok(true));
+    attr(&mut b);
+    assert_eq!(b.fixed(8), Ok(&verifier[..]));
+    assert_eq!(fs.read_file(file.ino, 0, 10).await.unwrap(), b"12345");
+    // A count that is not the data's length is garbage; uid 1000 may not write root's 0640 file.
+    let mut a = Encoder::new();
+    a.opaque(&file_fh)
+        .u64(0)
+        .u32(9)
+        .u32(UNSTABLE)
+        .opaque(b"12345");
+    assert_eq!(
+        d2.reply(&call(24, NFS_PROGRAM, 7, 0, &a.into_bytes()))
+            .await
+            .unwrap(),
+        rpc::accepted(24, AcceptStat::GarbageArgs, &[])
+    );
+    let mut a = Encoder::new();
+    a.opaque(&file_fh)
+        .u64(0)
+        .u32(5)
+        .u32(UNSTABLE)
+        .opaque(b"12345");
+    let r = d2
+        .reply(&call(25, NFS_PROGRAM, 7, 1000, &a.into_bytes()))
+        .await
+        .unwrap();
+    assert_eq!(body(&r).u32(), Ok(NFS3ERR_ACCES.0));
+
+    // A forged handle, and arguments cut short.
+    let mut forged = root_fh.clone();
+    forged[3] ^= 1;
+    let r = d
+        .reply(&call(9, NFS_PROGRAM, 1, 0, &args(&[&forged], &[])))
+        .await
+        .unwrap();
+    assert_eq!(body(&r).u32(), Ok(NFS3ERR_BADHANDLE.0));
+    assert_eq!(
+        d.reply(&call(10, NFS_PROGRAM, 4, 0, &args(&[&file_fh], &[])))
+            .await
+            .unwrap(),
+        rpc::accepted(10, AcceptStat::GarbageArgs, &[])
+    );
+}
