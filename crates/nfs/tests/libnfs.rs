@@ -1,6 +1,6 @@
-//! libnfs's own tools (`nfs-ls`, `nfs-cat`, from scripts/setup's libnfs-utils) against the
-//! MOUNT and NFSv3 programs on a real TCP port, over the filesystem core on `memory://`: the
-//! reference for whether our XDR is the one clients speak.
+//! libnfs's own tools (`nfs-ls`, `nfs-cat`, `nfs-cp`, from scripts/setup's libnfs-utils)
+//! against the MOUNT and NFSv3 programs on a real TCP port, over the filesystem core on
+//! `memory://`: the reference for whether our XDR is the one clients speak.
 
 use bucketfs_engine::bucket::open_url;
 use bucketfs_engine::{Engine, EngineOptions};
@@ -27,7 +27,7 @@ async fn run(tool: &str, url: String) -> (bool, String) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn nfs_ls_and_nfs_cat_read_the_tree() {
+async fn libnfs_tools_list_read_and_write_the_tree() {
     let bucket = open_url("memory://", &Vec::new()).unwrap();
     let engine = Engine::open(bucket, EngineOptions::for_tests("pw"))
         .await
@@ -98,4 +98,35 @@ async fn nfs_ls_and_nfs_cat_read_the_tree() {
 
     let (ok, out) = run("nfs-cat", format!("nfs://127.0.0.1/dir/missing.txt{q}")).await;
     assert!(!ok, "nfs-cat of a missing file succeeded: {out}");
+
+    // The write path: nfs-cp copies a local file in (CREATE, WRITE, COMMIT) and back out.
+    let local = std::env::temp_dir().join(format!("bucketfs-nfs-cp-{}", std::process::id()));
+    let content: Vec<u8> = (0..300_000u32).flat_map(|i| i.to_le_bytes()).collect();
+    std::fs::write(&local, &content).unwrap();
+    let (src, dst) = (
+        local.display().to_string(),
+        format!("nfs://127.0.0.1/dir/copied{q}"),
+    );
+    let copied = tokio::task::spawn_blocking(move || {
+        Command::new("nfs-cp")
+            .arg(&src)
+            .arg(&dst)
+            .output()
+            .expect("nfs-cp (libnfs-utils)")
+    })
+    .await
+    .unwrap();
+    std::fs::remove_file(&local).unwrap();
+    assert!(
+        copied.status.success(),
+        "nfs-cp in: {}",
+        String::from_utf8_lossy(&copied.stderr)
+    );
+    let dir_inode = fs.lookup(&root, ROOT_INO, b"dir").await.unwrap();
+    let inode = fs.lookup(&root, dir_inode.ino, b"copied").await.unwrap();
+    assert_eq!(inode.size_bytes, content.len() as u64);
+    assert_eq!(
+        fs.read_file(inode.ino, 0, content.len()).await.unwrap(),
+        content
+    );
 }

@@ -14,6 +14,8 @@ use bucketfs_fs::{
 };
 use std::sync::Arc;
 
+mod namespace;
+
 pub const NFS_PROGRAM: u32 = 100_003;
 pub const NFS_V3: u32 = 3;
 
@@ -566,11 +568,17 @@ impl Program for Nfs3Program {
             match call.procedure {
                 0 => {}
                 1 => self.getattr(&mut args, &mut out).await?,
+                2 => self.setattr(call, &mut args, &mut out).await?,
                 3 => self.lookup(call, &mut args, &mut out).await?,
                 4 => self.access(call, &mut args, &mut out).await?,
                 5 => self.readlink(&mut args, &mut out).await?,
                 6 => self.read(call, &mut args, &mut out).await?,
                 7 => self.write(call, &mut args, &mut out).await?,
+                8 => self.create(call, false, &mut args, &mut out).await?,
+                9 => self.create(call, true, &mut args, &mut out).await?,
+                12 => self.remove(call, false, &mut args, &mut out).await?,
+                13 => self.remove(call, true, &mut args, &mut out).await?,
+                14 => self.rename(call, &mut args, &mut out).await?,
                 16 => self.readdir(call, false, &mut args, &mut out).await?,
                 17 => self.readdir(call, true, &mut args, &mut out).await?,
                 18..=20 => self.fs_facts(call.procedure, &mut args, &mut out).await?,

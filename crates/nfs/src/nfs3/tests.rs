@@ -261,3 +261,153 @@ async fn getattr_lookup_access_and_the_facts_of_the_filesystem() {
         rpc::accepted(10, AcceptStat::GarbageArgs, &[])
     );
 }
+
+fn dirop(dir: &[u8], name: &[u8]) -> Encoder {
+    let mut e = Encoder::new();
+    e.opaque(dir).opaque(name);
+    e
+}
+
+/// An empty sattr3 (nothing set).
+fn no_sattr(e: &mut Encoder) {
+    e.u32(0).u32(0).u32(0).u32(0).u32(0).u32(0);
+}
+
+#[tokio::test]
+async fn create_mkdir_rename_remove_and_setattr() {
+    let bucket = open_url("memory://", &Vec::new()).unwrap();
+    let engine = Engine::open(bucket, EngineOptions::for_tests("pw"))
+        .await
+        .unwrap();
+    let fs = Arc::new(Fs::open(engine).await.unwrap());
+    let root_fh = handle::encode(&fs, &fs.getattr(ROOT_INO).await.unwrap());
+    let d = Dispatcher::new(vec![Arc::new(Nfs3Program::new(fs.clone()))], 1 << 16);
+    let status = |r: &[u8]| u32::from_be_bytes(r[24..28].try_into().unwrap());
+
+    // GUARDED creates, then refuses an existing name.
+    for want in [NFS3_OK, 17] {
+        let mut a = dirop(&root_fh, b"new");
+        a.u32(1);
+        no_sattr(&mut a);
+        let r = d
+            .reply(&call(1, NFS_PROGRAM, 8, 0, &a.into_bytes()))
+            .await
+            .unwrap();
+        assert_eq!(status(&r), want);
+    }
+    // EXCLUSIVE: the same verifier again is the same create; another verifier is EXIST.
+    let mut handles = Vec::new();
+    for (verifier, want) in [
+        (*b"verifier", NFS3_OK),
+        (*b"verifier", NFS3_OK),
+        (*b"another!", 17),
+    ] {
+        let mut a = dirop(&root_fh, b"ex");
+        a.u32(2).fixed(&verifier);
+        let r = d
+            .reply(&call(2, NFS_PROGRAM, 8, 0, &a.into_bytes()))
+            .await
+            .unwrap();
+        assert_eq!(status(&r), want);
+        if want == NFS3_OK {
+            let mut b = body(&r);
+            b.u32().unwrap();
+            assert_eq!(b.bool(), Ok(true));
+            handles.push(b.opaque(64, "fh").unwrap().to_vec());
+        }
+    }
+    assert_eq!(handles[0], handles[1]);
+    // uid 1000 may not create in root's 0755 directory.
+    let mut a = dirop(&root_fh, b"nope");
+    a.u32(0);
+    no_sattr(&mut a);
+    let r = d
+        .reply(&call(3, NFS_PROGRAM, 8, 1000, &a.into_bytes()))
+        .await
+        .unwrap();
+    assert_eq!(status(&r), NFS3ERR_ACCES.0);
+
+    // MKDIR, RENAME into it, REMOVE, RMDIR.
+    let mut a = dirop(&root_fh, b"d");
+    no_sattr(&mut a);
+    let r = d
+        .reply(&call(4, NFS_PROGRAM, 9, 0, &a.into_bytes()))
+        .await
+        .unwrap();
+    assert_eq!(status(&r), NFS3_OK);
+    let mut b = body(&r);
+    b.u32().unwrap();
+    b.bool().unwrap();
+    let d_fh = b.opaque(64, "fh").unwrap().to_vec();
+    let mut a = dirop(&root_fh, b"new");
+    a.opaque(&d_fh).opaque(b"moved");
+    let r = d
+        .reply(&call(5, NFS_PROGRAM, 14, 0, &a.into_bytes()))
+        .await
+        .unwrap();
+    assert_eq!(status(&r), NFS3_OK);
+    let r = d
+        .reply(&call(
+            6,
+            NFS_PROGRAM,
+            13,
+            0,
+            &dirop(&root_fh, b"d").into_bytes(),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(status(&r), 66, "rmdir of a non-empty directory: NOTEMPTY");
+    let r = d
+        .reply(&call(
+            7,
+            NFS_PROGRAM,
+            12,
+            0,
+            &dirop(&d_fh, b"moved").into_bytes(),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(status(&r), NFS3_OK);
+    let r = d
+        .reply(&call(
+            8,
+            NFS_PROGRAM,
+            13,
+            0,
+            &dirop(&root_fh, b"d").into_bytes(),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(status(&r), NFS3_OK);
+    let r = d
+        .reply(&call(9, NFS_PROGRAM, 1, 0, &args(&[&d_fh], &[])))
+        .await
+        .unwrap();
+    assert_eq!(status(&r), 70, "the removed directory's handle is STALE");
+
+    // SETATTR: a guard on another ctime is NOT_SYNC; without it the mode and size are set.
+    let ex = fs.lookup(&Caller::root(), ROOT_INO, b"ex").await.unwrap();
+    for (guard, want) in [(Some((1u32, 0u32)), 10002), (None, NFS3_OK)] {
+        let mut a = Encoder::new();
+        a.opaque(&handles[0]);
+        a.u32(1)
+            .u32(0o600)
+            .u32(0)
+            .u32(0)
+            .u32(1)
+            .u64(3)
+            .u32(0)
+            .u32(0);
+        match guard {
+            Some((s, n)) => a.u32(1).u32(s).u32(n),
+            None => a.u32(0),
+        };
+        let r = d
+            .reply(&call(10, NFS_PROGRAM, 2, 0, &a.into_bytes()))
+            .await
+            .unwrap();
+        assert_eq!(status(&r), want);
+    }
+    let after = fs.getattr(ex.ino).await.unwrap();
+    assert_eq!((after.mode & 0o7777, after.size_bytes), (0o600, 3));
+}

@@ -1,0 +1,278 @@
+//! The NFSv3 procedures that change attributes and names: SETATTR (with its ctime guard),
+//! CREATE (UNCHECKED, GUARDED, EXCLUSIVE), MKDIR, REMOVE, RMDIR and RENAME. Each is one
+//! transaction of the core, as the caller; each answers wcc_data for what it changed.
+
+use super::*;
+use crate::status::NFS3ERR_EXIST;
+use crate::xdr::XdrError;
+use bucketfs_fs::{RenameFlags, SetAttr, S_IFDIR, S_IFREG};
+
+/// NFS3ERR_NOT_SYNC: SETATTR's guard did not match.
+const NFS3ERR_NOT_SYNC: u32 = 10002;
+// time_how.
+const SET_TO_SERVER_TIME: u32 = 1;
+const SET_TO_CLIENT_TIME: u32 = 2;
+// createmode3.
+const GUARDED: u32 = 1;
+const EXCLUSIVE: u32 = 2;
+
+/// sattr3 as the core's SetAttr.
+fn sattr(d: &mut Decoder<'_>) -> XdrResult<SetAttr> {
+    let mut s = SetAttr::default();
+    if d.bool()? {
+        s.mode = Some(d.u32()? & 0o7777);
+    }
+    if d.bool()? {
+        s.uid = Some(d.u32()?);
+    }
+    if d.bool()? {
+        s.gid = Some(d.u32()?);
+    }
+    if d.bool()? {
+        s.size_bytes = Some(d.u64()?);
+    }
+    for slot in [&mut s.atime, &mut s.mtime] {
+        *slot = match d.u32()? {
+            0 => None,
+            SET_TO_SERVER_TIME => Some(None),
+            SET_TO_CLIENT_TIME => Some(Some(Time {
+                sec: i64::from(d.u32()?),
+                nsec: d.u32()?,
+            })),
+            value => {
+                return Err(XdrError::Bad {
+                    what: "time_how",
+                    value,
+                })
+            }
+        };
+    }
+    Ok(s)
+}
+
+fn is_empty(s: &SetAttr) -> bool {
+    *s == SetAttr::default()
+}
+
+/// diropargs3: a directory's handle and a name.
+fn dirop<'a>(d: &mut Decoder<'a>) -> XdrResult<(&'a [u8], &'a [u8])> {
+    Ok((fh(d)?, d.opaque(NAME_BYTES_MAX, "filename3")?))
+}
+
+impl Nfs3Program {
+    pub(super) async fn setattr(
+        &self,
+        call: &Call<'_>,
+        args: &mut Decoder<'_>,
+        out: &mut Encoder,
+    ) -> Result<(), AcceptStat> {
+        let parsed = (|| {
+            let h = fh(args)?;
+            let set = sattr(args)?;
+            let guard = if args.bool()? {
+                Some((args.u32()?, args.u32()?))
+            } else {
+                None
+            };
+            Ok::<_, XdrError>((h, set, guard))
+        })();
+        let (h, set, guard) = parsed.map_err(|_| AcceptStat::GarbageArgs)?;
+        let Some(before) = self.object_wcc(h, out).await else {
+            return Ok(());
+        };
+        if let Some((sec, nsec)) = guard {
+            if (i64::from(sec), nsec) != (before.ctime.sec, before.ctime.nsec) {
+                out.u32(NFS3ERR_NOT_SYNC);
+                wcc(out, Some(&before), Some(&before));
+                return Ok(());
+            }
+        }
+        match self.fs.setattr(&caller(&call.cred), before.ino, &set).await {
+            Ok(after) => {
+                out.u32(NFS3_OK);
+                wcc(out, Some(&before), Some(&after));
+            }
+            Err(e) => {
+                out.u32(Nfs3Error::from(&e).0);
+                wcc(out, Some(&before), Some(&before));
+            }
+        }
+        Ok(())
+    }
+
+    /// CREATE and MKDIR. EXCLUSIVE keeps the client's verifier in the new file's atime and
+    /// mtime (as Linux's nfsd does): a retransmitted CREATE that finds a file with those times
+    /// is answered as the first was, anything else that exists is EXIST.
+    pub(super) async fn create(
+        &self,
+        call: &Call<'_>,
+        dir_kind: bool,
+        args: &mut Decoder<'_>,
+        out: &mut Encoder,
+    ) -> Result<(), AcceptStat> {
+        let parsed = (|| {
+            let (h, name) = dirop(args)?;
+            let (how, set, verifier) = if dir_kind {
+                (GUARDED, sattr(args)?, None)
+            } else {
+                match args.u32()? {
+                    EXCLUSIVE => (EXCLUSIVE, SetAttr::default(), Some(args.fixed(8)?)),
+                    how @ (0 | GUARDED) => (how, sattr(args)?, None),
+                    value => {
+                        return Err(XdrError::Bad {
+                            what: "createmode3",
+                            value,
+                        })
+                    }
+                }
+            };
+            Ok::<_, XdrError>((h, name, how, set, verifier))
+        })();
+        let (h, name, how, mut set, verifier) = parsed.map_err(|_| AcceptStat::GarbageArgs)?;
+        let Some(dir) = self.object_wcc(h, out).await else {
+            return Ok(());
+        };
+        let who = caller(&call.cred);
+        let (kind, default_mode) = if dir_kind {
+            (S_IFDIR, 0o755)
+        } else {
+            (S_IFREG, 0o644)
+        };
+        let mode = set
+            .mode
+            .take()
+            .unwrap_or(if verifier.is_some() { 0 } else { default_mode });
+        let stamp = verifier.map(|v| Time {
+            sec: i64::from(u32::from_be_bytes(v[..4].try_into().expect("4"))),
+            nsec: u32::from_be_bytes(v[4..].try_into().expect("4")) % 1_000_000_000,
+        });
+        let made = match self.fs.make(&who, dir.ino, name, kind | mode, 0).await {
+            Ok(i) => {
+                // The client's other attributes (or the verifier) on the new file.
+                if let Some(t) = stamp {
+                    set.atime = Some(Some(t));
+                    set.mtime = Some(Some(t));
+                }
+                if is_empty(&set) {
+                    Ok(i)
+                } else {
+                    self.fs.setattr(&who, i.ino, &set).await
+                }
+            }
+            Err(e) if e.errno() == libc::EEXIST && how != GUARDED => {
+                match self.fs.lookup(&who, dir.ino, name).await {
+                    // EXCLUSIVE: the same verifier means this is a retransmission.
+                    Ok(i) if stamp.is_some() => {
+                        if Some(i.mtime) == stamp && i.atime == i.mtime {
+                            Ok(i)
+                        } else {
+                            Err(e)
+                        }
+                    }
+                    // UNCHECKED: the existing file, with the attributes asked (a size of 0
+                    // truncates it).
+                    Ok(i) if i.kind() == Kind::File => {
+                        if is_empty(&set) {
+                            Ok(i)
+                        } else {
+                            self.fs.setattr(&who, i.ino, &set).await
+                        }
+                    }
+                    Ok(_) => Err(e),
+                    Err(e) => Err(e),
+                }
+            }
+            Err(e) => Err(e),
+        };
+        let dir_after = self.fs.getattr(dir.ino).await.ok();
+        match made {
+            Ok(i) => {
+                out.u32(NFS3_OK)
+                    .bool(true)
+                    .opaque(&handle::encode(&self.fs, &i));
+                post_op(out, Some(&i));
+                wcc(out, Some(&dir), dir_after.as_ref());
+            }
+            Err(e) => {
+                let status = if e.errno() == libc::EEXIST {
+                    NFS3ERR_EXIST
+                } else {
+                    Nfs3Error::from(&e)
+                };
+                out.u32(status.0);
+                wcc(out, Some(&dir), dir_after.as_ref());
+            }
+        }
+        Ok(())
+    }
+
+    /// REMOVE and RMDIR (`dir_kind`).
+    pub(super) async fn remove(
+        &self,
+        call: &Call<'_>,
+        dir_kind: bool,
+        args: &mut Decoder<'_>,
+        out: &mut Encoder,
+    ) -> Result<(), AcceptStat> {
+        let (h, name) = dirop(args).map_err(|_| AcceptStat::GarbageArgs)?;
+        let Some(dir) = self.object_wcc(h, out).await else {
+            return Ok(());
+        };
+        let who = caller(&call.cred);
+        let r = if dir_kind {
+            self.fs.rmdir(&who, dir.ino, name).await
+        } else {
+            self.fs.unlink(&who, dir.ino, name).await
+        };
+        let after = self.fs.getattr(dir.ino).await.ok();
+        out.u32(match &r {
+            Ok(()) => NFS3_OK,
+            Err(e) => Nfs3Error::from(e).0,
+        });
+        wcc(out, Some(&dir), after.as_ref());
+        Ok(())
+    }
+
+    pub(super) async fn rename(
+        &self,
+        call: &Call<'_>,
+        args: &mut Decoder<'_>,
+        out: &mut Encoder,
+    ) -> Result<(), AcceptStat> {
+        let parsed = (|| Ok::<_, XdrError>((dirop(args)?, dirop(args)?)))();
+        let ((from_h, from_name), (to_h, to_name)) = parsed.map_err(|_| AcceptStat::GarbageArgs)?;
+        let from = handle::decode(&self.fs, from_h).await;
+        let to = handle::decode(&self.fs, to_h).await;
+        let (from, to) = match (from, to) {
+            (Ok(f), Ok(t)) => (f, t),
+            (Err(Nfs3Error(s)), _) | (_, Err(Nfs3Error(s))) => {
+                out.u32(s);
+                wcc(out, None, None);
+                wcc(out, None, None);
+                return Ok(());
+            }
+        };
+        let r = self
+            .fs
+            .rename(
+                &caller(&call.cred),
+                from.ino,
+                from_name,
+                to.ino,
+                to_name,
+                RenameFlags::default(),
+            )
+            .await;
+        let (from_after, to_after) = (
+            self.fs.getattr(from.ino).await.ok(),
+            self.fs.getattr(to.ino).await.ok(),
+        );
+        out.u32(match &r {
+            Ok(()) => NFS3_OK,
+            Err(e) => Nfs3Error::from(e).0,
+        });
+        wcc(out, Some(&from), from_after.as_ref());
+        wcc(out, Some(&to), to_after.as_ref());
+        Ok(())
+    }
+}
