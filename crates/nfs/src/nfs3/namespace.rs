@@ -1,12 +1,17 @@
 //! The NFSv3 procedures that change attributes and names: SETATTR (with its ctime guard),
-//! CREATE (UNCHECKED, GUARDED, EXCLUSIVE), MKDIR, REMOVE, RMDIR and RENAME. Each is one
+//! CREATE (UNCHECKED, GUARDED, EXCLUSIVE), MKDIR, SYMLINK, MKNOD, REMOVE, RMDIR, RENAME and
+//! LINK. Each is one
 //! transaction of the core, as the caller; each answers wcc_data for what it changed.
 
 use super::*;
 use crate::status::NFS3ERR_EXIST;
 use crate::xdr::XdrError;
-use bucketfs_fs::{RenameFlags, SetAttr, S_IFDIR, S_IFREG};
+use bucketfs_fs::{RenameFlags, SetAttr, S_IFBLK, S_IFCHR, S_IFDIR, S_IFIFO, S_IFREG, S_IFSOCK};
 
+/// NFS3ERR_BADTYPE: MKNOD of a type it does not make.
+const NFS3ERR_BADTYPE: u32 = 10007;
+/// nfspath3's limit: a symlink's target.
+const PATH_BYTES_MAX: usize = 4096;
 /// NFS3ERR_NOT_SYNC: SETATTR's guard did not match.
 const NFS3ERR_NOT_SYNC: u32 = 10002;
 // time_how.
@@ -203,6 +208,109 @@ impl Nfs3Program {
                 wcc(out, Some(&dir), dir_after.as_ref());
             }
         }
+        Ok(())
+    }
+
+    /// SYMLINK (`Some(target)` read here) and MKNOD: a new inode answered as CREATE answers.
+    pub(super) async fn make_special(
+        &self,
+        call: &Call<'_>,
+        symlink: bool,
+        args: &mut Decoder<'_>,
+        out: &mut Encoder,
+    ) -> Result<(), AcceptStat> {
+        let parsed = (|| {
+            let (h, name) = dirop(args)?;
+            if symlink {
+                let set = sattr(args)?;
+                let target = args.opaque(PATH_BYTES_MAX, "nfspath3")?;
+                return Ok::<_, XdrError>((h, name, Ok((0, set, 0)), Some(target)));
+            }
+            let what = match args.u32()? {
+                t @ (3 | 4) => {
+                    let set = sattr(args)?;
+                    let (major, minor) = (args.u32()?, args.u32()?);
+                    let rdev = u64::from(
+                        (minor & 0xff) | ((major & 0xfff) << 8) | ((minor & !0xff) << 12),
+                    );
+                    Ok((if t == 3 { S_IFBLK } else { S_IFCHR }, set, rdev))
+                }
+                t @ (6 | 7) => Ok((if t == 6 { S_IFSOCK } else { S_IFIFO }, sattr(args)?, 0)),
+                _ => Err(()),
+            };
+            Ok((h, name, what, None))
+        })();
+        let (h, name, what, target) = parsed.map_err(|_| AcceptStat::GarbageArgs)?;
+        let Some(dir) = self.object_wcc(h, out).await else {
+            return Ok(());
+        };
+        let Ok((kind, mut set, rdev)) = what else {
+            out.u32(NFS3ERR_BADTYPE);
+            wcc(out, Some(&dir), Some(&dir));
+            return Ok(());
+        };
+        let who = caller(&call.cred);
+        let mode = set.mode.take().unwrap_or(0o644);
+        let made = match target {
+            Some(t) => self.fs.symlink(&who, dir.ino, name, t).await,
+            None => self.fs.make(&who, dir.ino, name, kind | mode, rdev).await,
+        };
+        let made = match made {
+            Ok(i) if !is_empty(&set) && target.is_none() => {
+                self.fs.setattr(&who, i.ino, &set).await
+            }
+            r => r,
+        };
+        let dir_after = self.fs.getattr(dir.ino).await.ok();
+        match made {
+            Ok(i) => {
+                out.u32(NFS3_OK)
+                    .bool(true)
+                    .opaque(&handle::encode(&self.fs, &i));
+                post_op(out, Some(&i));
+            }
+            Err(e) => {
+                out.u32(Nfs3Error::from(&e).0);
+            }
+        }
+        wcc(out, Some(&dir), dir_after.as_ref());
+        Ok(())
+    }
+
+    pub(super) async fn link(
+        &self,
+        call: &Call<'_>,
+        args: &mut Decoder<'_>,
+        out: &mut Encoder,
+    ) -> Result<(), AcceptStat> {
+        let parsed = (|| Ok::<_, XdrError>((fh(args)?, dirop(args)?)))();
+        let (file_h, (dir_h, name)) = parsed.map_err(|_| AcceptStat::GarbageArgs)?;
+        let (file, dir) = match (
+            handle::decode(&self.fs, file_h).await,
+            handle::decode(&self.fs, dir_h).await,
+        ) {
+            (Ok(f), Ok(d)) => (f, d),
+            (Err(Nfs3Error(s)), _) | (_, Err(Nfs3Error(s))) => {
+                out.u32(s);
+                post_op(out, None);
+                wcc(out, None, None);
+                return Ok(());
+            }
+        };
+        let r = self
+            .fs
+            .link(&caller(&call.cred), file.ino, dir.ino, name)
+            .await;
+        let (file_after, dir_after) = (
+            self.fs.getattr(file.ino).await.ok(),
+            self.fs.getattr(dir.ino).await.ok(),
+        );
+        out.u32(match &r {
+            Ok(_) => NFS3_OK,
+            Err(e) => Nfs3Error::from(e).0,
+        });
+        post_op(out, file_after.as_ref());
+        wcc(out, Some(&dir), dir_after.as_ref());
         Ok(())
     }
 

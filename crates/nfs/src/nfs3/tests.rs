@@ -410,4 +410,82 @@ async fn create_mkdir_rename_remove_and_setattr() {
     }
     let after = fs.getattr(ex.ino).await.unwrap();
     assert_eq!((after.mode & 0o7777, after.size_bytes), (0o600, 3));
+
+    // SYMLINK, then READLINK through the handle it answers; MKNOD of a FIFO and of a
+    // character device (major 1, minor 3); MKNOD of a regular file is BADTYPE; LINK.
+    let mut a = dirop(&root_fh, b"sl");
+    no_sattr(&mut a);
+    a.opaque(b"target/path");
+    let r = d
+        .reply(&call(11, NFS_PROGRAM, 10, 0, &a.into_bytes()))
+        .await
+        .unwrap();
+    assert_eq!(status(&r), NFS3_OK);
+    let mut b = body(&r);
+    b.u32().unwrap();
+    b.bool().unwrap();
+    let sl = b.opaque(64, "fh").unwrap().to_vec();
+    let r = d
+        .reply(&call(12, NFS_PROGRAM, 5, 0, &args(&[&sl], &[])))
+        .await
+        .unwrap();
+    let mut b = body(&r);
+    assert_eq!((b.u32(), b.bool()), (Ok(NFS3_OK), Ok(true)));
+    attr(&mut b);
+    assert_eq!(b.opaque(4096, "path"), Ok(&b"target/path"[..]));
+    let mut a = dirop(&root_fh, b"fifo");
+    a.u32(7);
+    no_sattr(&mut a);
+    let r = d
+        .reply(&call(13, NFS_PROGRAM, 11, 0, &a.into_bytes()))
+        .await
+        .unwrap();
+    assert_eq!(status(&r), NFS3_OK);
+    let mut a = dirop(&root_fh, b"null");
+    a.u32(4);
+    no_sattr(&mut a);
+    a.u32(1).u32(3);
+    let r = d
+        .reply(&call(14, NFS_PROGRAM, 11, 0, &a.into_bytes()))
+        .await
+        .unwrap();
+    assert_eq!(status(&r), NFS3_OK);
+    let mut b = body(&r);
+    b.u32().unwrap();
+    b.bool().unwrap();
+    b.opaque(64, "fh").unwrap();
+    b.bool().unwrap();
+    assert_eq!(attr_with_rdev(&mut b), (4, 1, 3));
+    let mut a = dirop(&root_fh, b"regular");
+    a.u32(1);
+    let r = d
+        .reply(&call(15, NFS_PROGRAM, 11, 0, &a.into_bytes()))
+        .await
+        .unwrap();
+    assert_eq!(status(&r), 10007);
+    let mut a = Encoder::new();
+    a.opaque(&handles[0]).opaque(&root_fh).opaque(b"ex-link");
+    let r = d
+        .reply(&call(16, NFS_PROGRAM, 15, 0, &a.into_bytes()))
+        .await
+        .unwrap();
+    assert_eq!(status(&r), NFS3_OK);
+    assert_eq!(fs.getattr(ex.ino).await.unwrap().nlink, 2);
+}
+
+/// fattr3's (type, major, minor), skipping the rest.
+fn attr_with_rdev(d: &mut Decoder<'_>) -> (u32, u32, u32) {
+    let t = d.u32().unwrap();
+    for _ in 0..4 {
+        d.u32().unwrap();
+    }
+    d.u64().unwrap();
+    d.u64().unwrap();
+    let (major, minor) = (d.u32().unwrap(), d.u32().unwrap());
+    d.u64().unwrap();
+    d.u64().unwrap();
+    for _ in 0..6 {
+        d.u32().unwrap();
+    }
+    (t, major, minor)
 }
