@@ -188,6 +188,30 @@ pub async fn run(
             }
         });
     }
+    if !cfg.servers.nfs.listen.is_empty() {
+        use bucketfs_nfs::{mount::MountProgram, nfs3::Nfs3Program, server::Dispatcher};
+        // A record holds at most one WRITE of IO_BYTES_MAX and its headers.
+        let record_bytes_max = bucketfs_nfs::nfs3::IO_BYTES_MAX as usize + 64 * 1024;
+        let nfs = Dispatcher::new(
+            vec![
+                Arc::new(MountProgram::new(fs.clone(), vec!["/".into()])),
+                Arc::new(Nfs3Program::new(fs.clone())),
+            ],
+            record_bytes_max,
+        );
+        for addr in &cfg.servers.nfs.listen {
+            let l = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|e| format!("servers.nfs.listen {addr}: {e}"))?;
+            tracing::info!(%addr, "serving NFSv3 and MOUNT v3");
+            let server = nfs.clone();
+            tokio::spawn(async move {
+                if let Err(e) = server.serve_tcp(l).await {
+                    tracing::error!(error = %e, "NFS server stopped");
+                }
+            });
+        }
+    }
     let read_only = engine.read_only();
     tracing::info!(url = %cfg.storage.url, admin = %admin_socket.display(), read_only, checkpoint = checkpoint.unwrap_or(""), "bucketfs is serving");
 

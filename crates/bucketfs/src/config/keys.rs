@@ -322,6 +322,16 @@ const DECLARED: &[Key] = &[
          means none.",
     ),
     key(
+        "servers.nfs.listen",
+        Each(check_socket_address),
+        default("[]"),
+        "TCP addresses of the NFSv3 server (MOUNT and NFS on the same port, no portmapper: \
+         clients give it as both ports, e.g. nfs-ls's ?nfsport=N&mountport=N). Off by default \
+         while it is being built (docs/0007): no duplicate request cache and no root squash \
+         yet. AUTH_SYS: a client names the uid it acts as, so keep it on loopback unless the \
+         network is trusted; bucketfs warns at start when it is not.",
+    ),
+    key(
         "filesystem.quota_bytes",
         One(check_size),
         Example("\"100GiB\""),

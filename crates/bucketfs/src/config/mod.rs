@@ -133,6 +133,14 @@ pub struct AzureConfig {
 pub struct ServersConfig {
     pub nbd: NbdServerConfig,
     pub ninep: NinepServerConfig,
+    pub nfs: NfsServerConfig,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NfsServerConfig {
+    /// Empty means no NFS server.
+    pub listen: Vec<SocketAddr>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
@@ -347,6 +355,18 @@ impl Config {
             warnings.push(format!(
                 "servers.ninep.listen: {address} is not a loopback address, and 9P has no \
                  authentication: anyone who can reach it can act as any user, root included"
+            ));
+        }
+        for address in self
+            .servers
+            .nfs
+            .listen
+            .iter()
+            .filter(|a| !a.ip().is_loopback())
+        {
+            warnings.push(format!(
+                "servers.nfs.listen: {address} is not a loopback address, and NFS's AUTH_SYS \
+                 trusts the uid a client names: anyone who can reach it can act as any user"
             ));
         }
         if let Some(address) = self.admin.listen.filter(|a| !a.ip().is_loopback()) {

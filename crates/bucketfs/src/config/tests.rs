@@ -144,7 +144,7 @@ fn init_template_lists_every_key_and_its_examples_are_valid() {
         .iter()
         .filter(|leaf| !leaf.starts_with("tuning."))
         .count();
-    assert_eq!(untuned, 35);
+    assert_eq!(untuned, 36);
     for leaf in leaves {
         assert!(lookup(&table, leaf).is_some(), "the template lacks {leaf}");
     }
@@ -332,6 +332,7 @@ fn full_file_sets_every_field() {
                 listen: vec!["127.0.0.1:20564".parse().unwrap()],
                 unix_socket: Some(PathBuf::from("/tmp/9p.sock")),
             },
+            nfs: NfsServerConfig { listen: vec![] },
         },
         filesystem: FilesystemConfig {
             quota_bytes: Some(2 << 40),
@@ -457,8 +458,8 @@ fn unknown_nested_key_is_named_with_its_dotted_path() {
          encryption_password, compression, flush_interval_ms, outage_timeout_s)"
     );
     assert_eq!(
-        error("[servers.nfs]\nlisten = []\n"),
-        "bucketfs.toml: unknown key `servers.nfs` (expected one of: nbd, ninep)"
+        error("[servers.smb]\nlisten = []\n"),
+        "bucketfs.toml: unknown key `servers.smb` (expected one of: nbd, ninep, nfs)"
     );
     assert_eq!(
         error("[servers.nbd]\nlisten = []\nexport = \"x\"\n"),
