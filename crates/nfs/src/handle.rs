@@ -47,21 +47,11 @@ pub async fn decode(fs: &Fs, h: &[u8]) -> Result<Inode, Nfs3Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bucketfs_engine::bucket::open_url;
-    use bucketfs_engine::{Engine, EngineOptions};
     use bucketfs_fs::{Caller, ROOT_INO, S_IFREG};
-
-    async fn fs() -> Fs {
-        let bucket = open_url("memory://", &Vec::new()).unwrap();
-        let engine = Engine::open(bucket, EngineOptions::for_tests("pw"))
-            .await
-            .unwrap();
-        Fs::open(engine).await.unwrap()
-    }
 
     #[tokio::test]
     async fn handles_name_their_inode_and_nothing_else() {
-        let fs = fs().await;
+        let fs = crate::memory_fs().await;
         let root = fs.getattr(ROOT_INO).await.unwrap();
         let h = encode(&fs, &root);
         assert!(h.len() == HANDLE_BYTES && h.len() <= NFS3_FHSIZE);

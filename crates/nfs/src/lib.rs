@@ -11,3 +11,14 @@ pub mod rpc;
 pub mod server;
 pub mod status;
 pub mod xdr;
+
+/// A filesystem over a `memory://` bucket, for the unit tests.
+#[cfg(test)]
+pub(crate) async fn memory_fs() -> std::sync::Arc<bucketfs_fs::Fs> {
+    use bucketfs_engine::{bucket::open_url, Engine, EngineOptions};
+    let bucket = open_url("memory://", &Vec::new()).unwrap();
+    let engine = Engine::open(bucket, EngineOptions::for_tests("pw"))
+        .await
+        .unwrap();
+    std::sync::Arc::new(bucketfs_fs::Fs::open(engine).await.unwrap())
+}

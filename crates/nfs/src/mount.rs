@@ -183,8 +183,6 @@ mod tests {
     use super::*;
     use crate::rpc::{self, AUTH_NONE};
     use crate::server::Dispatcher;
-    use bucketfs_engine::bucket::open_url;
-    use bucketfs_engine::{Engine, EngineOptions};
     use bucketfs_fs::{S_IFDIR, S_IFREG};
 
     fn call(xid: u32, procedure: u32, uid: u32, args: &[u8]) -> Vec<u8> {
@@ -219,11 +217,7 @@ mod tests {
 
     #[tokio::test]
     async fn mnt_hands_out_the_root_handle_and_refuses_what_it_must() {
-        let bucket = open_url("memory://", &Vec::new()).unwrap();
-        let engine = Engine::open(bucket, EngineOptions::for_tests("pw"))
-            .await
-            .unwrap();
-        let fs = Arc::new(Fs::open(engine).await.unwrap());
+        let fs = crate::memory_fs().await;
         let root = Caller::root();
         let private = fs
             .make(&root, ROOT_INO, b"private", S_IFDIR | 0o700, 0)

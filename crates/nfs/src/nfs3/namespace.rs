@@ -4,8 +4,8 @@
 //! transaction of the core, as the caller; each answers wcc_data for what it changed.
 
 use super::*;
-use crate::status::NFS3ERR_EXIST;
 use crate::xdr::XdrError;
+use bucketfs_fs::FsError;
 use bucketfs_fs::{RenameFlags, SetAttr, S_IFBLK, S_IFCHR, S_IFDIR, S_IFIFO, S_IFREG, S_IFSOCK};
 
 /// NFS3ERR_BADTYPE: MKNOD of a type it does not make.
@@ -105,6 +105,24 @@ impl Nfs3Program {
         Ok(())
     }
 
+    /// The reply of CREATE, MKDIR, SYMLINK and MKNOD: the new inode's handle and attributes,
+    /// or the error, then the directory's wcc_data.
+    async fn answer_new(&self, out: &mut Encoder, made: Result<Inode, FsError>, dir: &Inode) {
+        let dir_after = self.fs.getattr(dir.ino).await.ok();
+        match made {
+            Ok(i) => {
+                out.u32(NFS3_OK)
+                    .bool(true)
+                    .opaque(&handle::encode(&self.fs, &i));
+                post_op(out, Some(&i));
+            }
+            Err(e) => {
+                out.u32(Nfs3Error::from(&e).0);
+            }
+        }
+        wcc(out, Some(dir), dir_after.as_ref());
+    }
+
     /// CREATE and MKDIR. EXCLUSIVE keeps the client's verifier in the new file's atime and
     /// mtime (as Linux's nfsd does): a retransmitted CREATE that finds a file with those times
     /// is answered as the first was, anything else that exists is EXIST.
@@ -189,25 +207,7 @@ impl Nfs3Program {
             }
             Err(e) => Err(e),
         };
-        let dir_after = self.fs.getattr(dir.ino).await.ok();
-        match made {
-            Ok(i) => {
-                out.u32(NFS3_OK)
-                    .bool(true)
-                    .opaque(&handle::encode(&self.fs, &i));
-                post_op(out, Some(&i));
-                wcc(out, Some(&dir), dir_after.as_ref());
-            }
-            Err(e) => {
-                let status = if e.errno() == libc::EEXIST {
-                    NFS3ERR_EXIST
-                } else {
-                    Nfs3Error::from(&e)
-                };
-                out.u32(status.0);
-                wcc(out, Some(&dir), dir_after.as_ref());
-            }
-        }
+        self.answer_new(out, made, &dir).await;
         Ok(())
     }
 
@@ -261,19 +261,7 @@ impl Nfs3Program {
             }
             r => r,
         };
-        let dir_after = self.fs.getattr(dir.ino).await.ok();
-        match made {
-            Ok(i) => {
-                out.u32(NFS3_OK)
-                    .bool(true)
-                    .opaque(&handle::encode(&self.fs, &i));
-                post_op(out, Some(&i));
-            }
-            Err(e) => {
-                out.u32(Nfs3Error::from(&e).0);
-            }
-        }
-        wcc(out, Some(&dir), dir_after.as_ref());
+        self.answer_new(out, made, &dir).await;
         Ok(())
     }
 

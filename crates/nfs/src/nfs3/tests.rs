@@ -5,8 +5,6 @@ use crate::mount::MountProgram;
 use crate::rpc::{self, AUTH_NONE, AUTH_SYS};
 use crate::server::Dispatcher;
 use crate::status::{NFS3ERR_ACCES, NFS3ERR_BADHANDLE, NFS3ERR_NOENT};
-use bucketfs_engine::bucket::open_url;
-use bucketfs_engine::{Engine, EngineOptions};
 use bucketfs_fs::{ROOT_INO, S_IFDIR, S_IFREG};
 
 fn call(xid: u32, prog: u32, procedure: u32, uid: u32, args: &[u8]) -> Vec<u8> {
@@ -57,11 +55,7 @@ fn args(parts: &[&[u8]], tail: &[u32]) -> Vec<u8> {
 
 #[tokio::test]
 async fn getattr_lookup_access_and_the_facts_of_the_filesystem() {
-    let bucket = open_url("memory://", &Vec::new()).unwrap();
-    let engine = Engine::open(bucket, EngineOptions::for_tests("pw"))
-        .await
-        .unwrap();
-    let fs = Arc::new(Fs::open(engine).await.unwrap());
+    let fs = crate::memory_fs().await;
     let root = Caller::root();
     let private = fs
         .make(&root, ROOT_INO, b"private", S_IFDIR | 0o700, 0)
@@ -275,11 +269,7 @@ fn no_sattr(e: &mut Encoder) {
 
 #[tokio::test]
 async fn create_mkdir_rename_remove_and_setattr() {
-    let bucket = open_url("memory://", &Vec::new()).unwrap();
-    let engine = Engine::open(bucket, EngineOptions::for_tests("pw"))
-        .await
-        .unwrap();
-    let fs = Arc::new(Fs::open(engine).await.unwrap());
+    let fs = crate::memory_fs().await;
     let root_fh = handle::encode(&fs, &fs.getattr(ROOT_INO).await.unwrap());
     let d = Dispatcher::new(vec![Arc::new(Nfs3Program::new(fs.clone()))], 1 << 16);
     let status = |r: &[u8]| u32::from_be_bytes(r[24..28].try_into().unwrap());
