@@ -5,7 +5,7 @@ set -euo pipefail
 # shellcheck source=tests/lib.sh
 source "$(dirname "$0")/lib.sh"
 
-requires qemu-io nbdinfo diodls
+requires qemu-io nbdinfo diodls nfs-ls
 
 OLD_PASSWORD="old-password-$$"
 NEW_PASSWORD="new password with spaces $$"
@@ -16,7 +16,8 @@ adapt_init_config() {
     local cfg="$1"
     NBD_PORT="$(pick_unused_port)"
     NINEP_PORT="$(pick_unused_port)"
-    export NBD_PORT NINEP_PORT
+    NFS_PORT="$(pick_unused_port)"
+    export NBD_PORT NINEP_PORT NFS_PORT
     CONFIG="$cfg"
     CONFIG_DIR="$(dirname "$cfg")"
     CACHE_DIR="$CONFIG_DIR/cache"
@@ -39,6 +40,7 @@ adapt_init_config() {
     config_set "$cfg" cache dir "\"$CACHE_DIR\""
     config_set "$cfg" servers.nbd listen "[\"127.0.0.1:$NBD_PORT\"]"
     config_set "$cfg" servers.ninep listen "[\"127.0.0.1:$NINEP_PORT\"]"
+    config_set "$cfg" servers.nfs listen "[\"127.0.0.1:$NFS_PORT\"]"
     # A literal password in the generated file would win over the environment; a reference
     # to ${BUCKETFS_PASSWORD} is what we want.
     # shellcheck disable=SC2016 # a literal ${...}, not an expansion
@@ -141,8 +143,8 @@ check_change_password() {
 
 check_embedded_default() {
     local dir="$CASE_DIR/default" pid i ok=0 out
-    if _port_open 10809 || _port_open 5564; then
-        log "note: port 10809 or 5564 is in use here; embedded-default check skipped"
+    if _port_open 10809 || _port_open 5564 || _port_open 2049; then
+        log "note: port 10809, 5564 or 2049 is in use here; embedded-default check skipped"
         return 0
     fi
     log "bucketfs run without a config (embedded default)"
@@ -168,6 +170,10 @@ check_embedded_default() {
     out="$(timeout 30 diodls -s 127.0.0.1:5564 -a /.nbd -l . 2>&1)" ||
         die "diodls on the embedded default's 9P port failed: $out"
     grep -qE ' 67108864 .* dflt$' <<<"$out" || die "diodls does not show dflt as a 64 MiB file: $out"
+    # And over NFS on its default port.
+    out="$(timeout 30 nfs-ls "nfs://127.0.0.1/.nbd?version=3&nfsport=2049&mountport=2049" 2>&1)" ||
+        die "nfs-ls on the embedded default's NFS port failed: $out"
+    grep -qE ' 67108864 dflt$' <<<"$out" || die "nfs-ls does not show dflt as a 64 MiB file: $out"
     kill -TERM "$pid"
     wait "$pid" || die "bucketfs run (embedded default) did not exit 0 on SIGTERM"
     [[ -d "$dir/bucketfs-data" ]] || die "embedded default did not keep its bucket in ./bucketfs-data"

@@ -322,8 +322,9 @@ make_config() {
     CACHE_DIR="$dir/cache"
     NBD_PORT="$(pick_unused_port)"
     NINEP_PORT="$(pick_unused_port)"
+    NFS_PORT="$(pick_unused_port)"
     ADMIN_SOCKET="$CACHE_DIR/admin.sock"
-    export NBD_PORT NINEP_PORT
+    export NBD_PORT NINEP_PORT NFS_PORT
     BUCKET_DIR=""
     S3_PREFIX=""
     case "$kind" in
@@ -375,6 +376,9 @@ make_config() {
         echo
         echo "[servers.ninep]"
         echo "listen = [\"127.0.0.1:$NINEP_PORT\"]"
+        echo
+        echo "[servers.nfs]"
+        echo "listen = [\"127.0.0.1:$NFS_PORT\"]"
     } >"$CONFIG"
 }
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# NFSv3 (in progress, docs/0007) from `bucketfs run` with `[servers.nfs] listen`, through
+# NFSv3 (docs/0007) from `bucketfs run` with `[servers.nfs] listen`, through
 # libnfs's own tools, beside the same filesystem over 9P (`bucketfs mount`): a file copied in
 # over NFS is read byte for byte through the mount, one written through the mount is read
 # over NFS, a rename through the mount is seen over NFS, and a directory listed over NFS holds
@@ -14,13 +14,11 @@ requires nfs-ls nfs-cat nfs-cp mountpoint cmp
 [[ -c /dev/fuse ]] || skip "no /dev/fuse"
 
 run_case() {
-    local m="$CASE_DIR/mnt" port q out
+    local m="$CASE_DIR/mnt" q out
     make_config "$CASE_DIR" "$BACKEND"
-    port=$(pick_unused_port)
-    config_set "$CONFIG" servers.nfs listen "[\"127.0.0.1:$port\"]"
     start_bucketfs "$CONFIG"
     start_mount "127.0.0.1:$NINEP_PORT" "$m"
-    q="?version=3&nfsport=$port&mountport=$port"
+    q="?version=3&nfsport=$NFS_PORT&mountport=$NFS_PORT"
     mkdir "$m/shared"
 
     # NFS in, 9P out.

@@ -189,13 +189,23 @@ pub async fn run(
         });
     }
     if !cfg.servers.nfs.listen.is_empty() {
-        use bucketfs_nfs::{mount::MountProgram, nfs3::Nfs3Program, server::Dispatcher};
+        use bucketfs_nfs::{export::Exports, mount::MountProgram, nfs3::Nfs3Program};
+        let rules = cfg.servers.nfs.exports.iter().flatten();
+        let rules = rules
+            .map(|e| e.rule())
+            .collect::<Result<Vec<_>, _>>()
+            .and_then(|rules| Exports::new(&fs, rules))
+            .map_err(|e| format!("servers.nfs.exports: {e}"))?;
+        let exports = Arc::new(rules);
+        for e in exports.iter() {
+            tracing::info!(path = %e.rule.path, clients = ?e.rule.clients, read_only = e.rule.read_only, root_squash = e.rule.root_squash, "NFS export");
+        }
         // A record holds at most one WRITE of IO_BYTES_MAX and its headers.
         let record_bytes_max = bucketfs_nfs::nfs3::IO_BYTES_MAX as usize + 64 * 1024;
-        let nfs = Dispatcher::new(
+        let nfs = bucketfs_nfs::server::Dispatcher::new(
             vec![
-                Arc::new(MountProgram::new(fs.clone(), vec!["/".into()])),
-                Arc::new(Nfs3Program::new(fs.clone())),
+                Arc::new(MountProgram::new(fs.clone(), exports.clone())),
+                Arc::new(Nfs3Program::new(fs.clone(), exports)),
             ],
             record_bytes_max,
         );

@@ -3,6 +3,8 @@
 //! filesystem core. Every decoder bounds what it accepts before allocating, so a hostile
 //! length costs an error, not memory.
 
+pub mod client;
+pub mod export;
 pub mod handle;
 pub mod mount;
 pub mod nfs3;
@@ -21,4 +23,10 @@ pub(crate) async fn memory_fs() -> std::sync::Arc<bucketfs_fs::Fs> {
         .await
         .unwrap();
     std::sync::Arc::new(bucketfs_fs::Fs::open(engine).await.unwrap())
+}
+
+/// The default export (the whole filesystem) of `fs`, for the unit tests.
+#[cfg(test)]
+pub(crate) fn whole(fs: &bucketfs_fs::Fs) -> std::sync::Arc<export::Exports> {
+    std::sync::Arc::new(export::Exports::new(fs, Vec::new()).unwrap())
 }

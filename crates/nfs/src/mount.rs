@@ -2,11 +2,12 @@
 //! root. It is served on the NFS port itself, so no portmapper is needed. The mounts listed
 //! by DUMP are the clients' own word, kept in memory: a hint, as everywhere.
 
+use crate::export::{Clients, Exports};
 use crate::handle;
 use crate::rpc::{AcceptStat, Call, Credentials, AUTH_SYS};
 use crate::server::{BoxFuture, Outcome, Program};
 use crate::xdr::{Decoder, Encoder};
-use bucketfs_fs::{Caller, Fs, FsError, ROOT_INO};
+use bucketfs_fs::{Fs, FsError, ROOT_INO};
 use parking_lot::Mutex;
 use std::sync::Arc;
 
@@ -25,33 +26,15 @@ const MNT3ERR_INVAL: u32 = 22;
 const MNT3ERR_NAMETOOLONG: u32 = 63;
 const MNT3ERR_SERVERFAULT: u32 = 10006;
 
-/// The user AUTH_NONE callers act as.
-pub const NOBODY: u32 = 65534;
-
-/// The caller a credential names (AUTH_NONE: nobody).
-pub fn caller(cred: &Credentials) -> Caller {
-    match cred {
-        Credentials::Sys {
-            uid, gid, groups, ..
-        } => Caller {
-            uid: *uid,
-            gid: *gid,
-            groups: groups.clone(),
-        },
-        Credentials::None => Caller::user(NOBODY, NOBODY),
-    }
-}
-
 pub struct MountProgram {
     fs: Arc<Fs>,
-    /// The exported directories, as absolute paths in the filesystem.
-    exports: Vec<String>,
+    exports: Arc<Exports>,
     /// (client's machine name, path) of each MNT not yet undone by UMNT.
     mounts: Mutex<Vec<(Vec<u8>, Vec<u8>)>>,
 }
 
 impl MountProgram {
-    pub fn new(fs: Arc<Fs>, exports: Vec<String>) -> MountProgram {
+    pub fn new(fs: Arc<Fs>, exports: Arc<Exports>) -> MountProgram {
         MountProgram {
             fs,
             exports,
@@ -59,16 +42,14 @@ impl MountProgram {
         }
     }
 
-    /// MNT: the handle of `path`'s directory, looked up as the caller, if an export holds it.
+    /// MNT: the handle of `path`'s directory, looked up as the caller, if an export that
+    /// admits the client holds it.
     async fn mnt(&self, call: &Call<'_>, path: &[u8]) -> Result<Vec<u8>, u32> {
-        let exported = self.exports.iter().any(|e| {
-            let e = e.trim_end_matches('/').as_bytes();
-            path.starts_with(e) && (path.len() == e.len() || path[e.len()] == b'/' || e.is_empty())
-        });
-        if !path.starts_with(b"/") || !exported {
-            return Err(MNT3ERR_ACCES);
-        }
-        let who = caller(&call.cred);
+        let export = match self.exports.holding(path) {
+            Some(e) if path.starts_with(b"/") && e.admits(call.peer) => e,
+            _ => return Err(MNT3ERR_ACCES),
+        };
+        let who = export.caller(call.peer, &call.cred);
         let mut inode = self.fs.getattr(ROOT_INO).await.map_err(|e| status(&e))?;
         for name in path.split(|&b| b == b'/').filter(|n| !n.is_empty()) {
             if name.len() > NAME_BYTES_MAX {
@@ -86,7 +67,7 @@ impl MountProgram {
         if !inode.is_dir() {
             return Err(MNT3ERR_NOTDIR);
         }
-        Ok(handle::encode(&self.fs, &inode))
+        Ok(handle::encode(&self.fs, export.id, &inode))
     }
 }
 
@@ -164,10 +145,16 @@ impl Program for MountProgram {
                     let host = machine(&call.cred);
                     self.mounts.lock().retain(|(h, _)| h != &host);
                 }
-                // EXPORT: every export, open to every client (no groups).
+                // EXPORT: every export with the clients it admits (no groups: everyone).
                 5 => {
-                    for e in &self.exports {
-                        out.bool(true).opaque(e.as_bytes()).bool(false);
+                    for e in self.exports.iter() {
+                        out.bool(true).opaque(e.rule.path.as_bytes());
+                        if let Clients::Networks(nets) = &e.rule.clients {
+                            for net in nets {
+                                out.bool(true).opaque(net.to_string().as_bytes());
+                            }
+                        }
+                        out.bool(false);
                     }
                     out.bool(false);
                 }
@@ -183,7 +170,7 @@ mod tests {
     use super::*;
     use crate::rpc::{self, AUTH_NONE};
     use crate::server::Dispatcher;
-    use bucketfs_fs::{S_IFDIR, S_IFREG};
+    use bucketfs_fs::{Caller, S_IFDIR, S_IFREG};
 
     fn call(xid: u32, procedure: u32, uid: u32, args: &[u8]) -> Vec<u8> {
         let mut cred = Encoder::new();
@@ -230,7 +217,7 @@ mod tests {
             .await
             .unwrap();
         let d = Dispatcher::new(
-            vec![Arc::new(MountProgram::new(fs.clone(), vec!["/".into()]))],
+            vec![Arc::new(MountProgram::new(fs.clone(), crate::whole(&fs)))],
             1 << 16,
         );
 

@@ -60,6 +60,8 @@ pub struct Call<'a> {
     pub procedure: u32,
     pub cred: Credentials,
     pub args: &'a [u8],
+    /// The client's address; None for a caller inside this process.
+    pub peer: Option<std::net::IpAddr>,
 }
 
 /// A record that is not a call to serve: nothing to answer (no transaction id, or not a call),
@@ -102,6 +104,7 @@ pub fn decode_call(record: &[u8]) -> Result<Call<'_>, Refusal> {
         procedure,
         cred,
         args: d.rest(),
+        peer: None,
     })
 }
 

@@ -2,11 +2,20 @@
 //! runs as a task of its own, at most CALLS_IN_FLIGHT_MAX at once per connection, so a slow
 //! call (a COMMIT) does not hold up the others; replies go out as they are ready, in any
 //! order, matched by their transaction ids.
+//!
+//! A duplicate request cache answers a retransmitted call that is not idempotent (CREATE,
+//! REMOVE, RENAME, ...) with the reply of the first, instead of running it again: a client
+//! whose connection broke before the reply came resends the call, and REMOVE run twice would
+//! answer NOENT for a removal that succeeded.
 
 use crate::record::{frame, read_record};
 use crate::rpc::{self, AcceptStat, Call, Refusal};
+use parking_lot::Mutex;
 use std::future::Future;
+use std::hash::{BuildHasher, RandomState};
 use std::io;
+use std::net::IpAddr;
+use std::num::NonZeroUsize;
 use std::pin::Pin;
 use std::sync::Arc;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
@@ -14,6 +23,10 @@ use tokio::sync::{mpsc, Semaphore};
 
 /// Calls of one connection running at once; the next record is read when one finishes.
 pub const CALLS_IN_FLIGHT_MAX: usize = 64;
+/// Replies the duplicate request cache keeps, the oldest forgotten first. A client resends a
+/// call within its timeout (Linux: 60 s over TCP), long before thousands of other changes
+/// push its reply out; the replies it keeps are small (wcc_data, a handle), ~1 MB in all.
+pub const REPLY_CACHE_ENTRIES: usize = 4096;
 
 /// The reply a program gives a call: its body after an accept_stat of SUCCESS, or another
 /// accept_stat (PROC_UNAVAIL, GARBAGE_ARGS, SYSTEM_ERR) with no body.
@@ -27,30 +40,61 @@ pub trait Program: Send + Sync + 'static {
     fn versions(&self) -> (u32, u32);
     /// Serves a call already checked to be for this program in one of its versions.
     fn call<'a>(&'a self, call: &'a Call<'a>) -> BoxFuture<'a, Outcome>;
+    /// Whether running `procedure` twice answers as running it once; the replies of the others
+    /// go through the duplicate request cache.
+    fn idempotent(&self, procedure: u32) -> bool {
+        let _ = procedure;
+        true
+    }
+}
+
+/// A call as the duplicate request cache knows it: the client's address, the transaction id
+/// and a hash of the whole record (a client reuses transaction ids, a resent call is the same
+/// bytes).
+type CallKey = (Option<IpAddr>, u32, u64);
+
+enum Cached {
+    /// The first call is still running: a copy of it is dropped, and the client, which
+    /// resends until it has a reply, gets the reply once it is here.
+    Running,
+    Done(Arc<Vec<u8>>),
 }
 
 /// The programs one port serves (NFS and MOUNT share it: no portmapper is needed).
 pub struct Dispatcher {
     programs: Vec<Arc<dyn Program>>,
     record_bytes_max: usize,
+    replies: Mutex<lru::LruCache<CallKey, Cached>>,
+    hasher: RandomState,
 }
 
 impl Dispatcher {
     /// `record_bytes_max` bounds a record (the largest WRITE plus its headers).
     pub fn new(programs: Vec<Arc<dyn Program>>, record_bytes_max: usize) -> Arc<Dispatcher> {
+        let entries = NonZeroUsize::new(REPLY_CACHE_ENTRIES).expect("not zero");
         Arc::new(Dispatcher {
             programs,
             record_bytes_max,
+            replies: Mutex::new(lru::LruCache::new(entries)),
+            hasher: RandomState::new(),
         })
     }
 
-    /// The reply to one record, or None when there is nothing to answer.
+    /// The reply to one record from a caller in this process, or None when there is nothing
+    /// to answer.
     pub async fn reply(&self, record: &[u8]) -> Option<Vec<u8>> {
-        let call = match rpc::decode_call(record) {
+        self.reply_to(record, None).await
+    }
+
+    /// The reply to one record from the client at `peer`, or None when there is nothing to
+    /// answer (not a call, or a copy of a call still running).
+    pub async fn reply_to(&self, record: &[u8], peer: Option<IpAddr>) -> Option<Vec<u8>> {
+        let mut call = match rpc::decode_call(record) {
             Ok(c) => c,
             Err(Refusal::Ignore) => return None,
             Err(Refusal::Reply(r)) => return Some(r),
         };
+        call.peer = peer;
         let Some(p) = self.programs.iter().find(|p| p.number() == call.prog) else {
             return Some(rpc::accepted(call.xid, AcceptStat::ProgUnavail, &[]));
         };
@@ -58,10 +102,32 @@ impl Dispatcher {
         if call.vers < low || call.vers > high {
             return Some(rpc::prog_mismatch(call.xid, low, high));
         }
-        Some(match p.call(&call).await {
+        if p.idempotent(call.procedure) {
+            return Some(Self::run(p.as_ref(), &call).await);
+        }
+        let key = (peer, call.xid, self.hasher.hash_one(record));
+        {
+            let mut replies = self.replies.lock();
+            match replies.get(&key) {
+                Some(Cached::Done(reply)) => return Some(reply.as_ref().clone()),
+                Some(Cached::Running) => return None,
+                None => {
+                    replies.put(key, Cached::Running);
+                }
+            }
+        }
+        let reply = Self::run(p.as_ref(), &call).await;
+        self.replies
+            .lock()
+            .put(key, Cached::Done(Arc::new(reply.clone())));
+        Some(reply)
+    }
+
+    async fn run(p: &dyn Program, call: &Call<'_>) -> Vec<u8> {
+        match p.call(call).await {
             Ok(body) => rpc::accepted(call.xid, AcceptStat::Success, &body),
             Err(stat) => rpc::accepted(call.xid, stat, &[]),
-        })
+        }
     }
 
     /// Accepts TCP clients and serves each until it goes away.
@@ -71,15 +137,20 @@ impl Dispatcher {
             let _ = stream.set_nodelay(true);
             let me = self.clone();
             tokio::spawn(async move {
-                if let Err(e) = me.serve_connection(stream).await {
+                if let Err(e) = me.serve_connection(stream, Some(peer.ip())).await {
                     tracing::warn!(%peer, error = %e, "NFS connection ended");
                 }
             });
         }
     }
 
-    /// Serves one client until it disconnects or breaks the record framing.
-    pub async fn serve_connection<S>(self: Arc<Self>, stream: S) -> io::Result<()>
+    /// Serves one client (at `peer`; None: in this process) until it disconnects or breaks
+    /// the record framing.
+    pub async fn serve_connection<S>(
+        self: Arc<Self>,
+        stream: S,
+        peer: Option<IpAddr>,
+    ) -> io::Result<()>
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
@@ -105,7 +176,7 @@ impl Dispatcher {
             let slot = slots.clone().acquire_owned().await.expect("never closed");
             let (me, tx) = (self.clone(), tx.clone());
             tokio::spawn(async move {
-                if let Some(reply) = me.reply(&record).await {
+                if let Some(reply) = me.reply_to(&record, peer).await {
                     let _ = tx.send(reply);
                 }
                 drop(slot);
@@ -127,8 +198,12 @@ mod tests {
     use tokio::io::AsyncReadExt;
 
     /// Program 400000 version 1: procedure 0 answers nothing, 1 echoes its u32 argument after
-    /// waiting that many milliseconds, 2 answers the caller's uid.
-    struct Echo;
+    /// waiting that many milliseconds, 2 answers the caller's uid, 3 (not idempotent) counts
+    /// its calls after waiting as 1 does.
+    #[derive(Default)]
+    struct Echo {
+        count: std::sync::atomic::AtomicU32,
+    }
 
     impl Program for Echo {
         fn number(&self) -> u32 {
@@ -155,10 +230,21 @@ mod tests {
                         }
                         Credentials::None => return Err(AcceptStat::SystemErr),
                     },
+                    3 => {
+                        let ms = Decoder::new(call.args)
+                            .u32()
+                            .map_err(|_| AcceptStat::GarbageArgs)?;
+                        tokio::time::sleep(Duration::from_millis(u64::from(ms))).await;
+                        let n = self.count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        out.u32(n + 1);
+                    }
                     _ => return Err(AcceptStat::ProcUnavail),
                 }
                 Ok(out.into_bytes())
             })
+        }
+        fn idempotent(&self, procedure: u32) -> bool {
+            procedure != 3
         }
     }
 
@@ -194,9 +280,9 @@ mod tests {
 
     #[tokio::test]
     async fn calls_overlap_and_every_error_is_an_rpc_reply() {
-        let d = Dispatcher::new(vec![Arc::new(Echo)], 64 * 1024);
+        let d = Dispatcher::new(vec![Arc::new(Echo::default())], 64 * 1024);
         let (mut client, server) = tokio::io::duplex(1 << 20);
-        let served = tokio::spawn(d.serve_connection(server));
+        let served = tokio::spawn(d.serve_connection(server, None));
         // A slow call first, a quick one second: the quick one is answered first.
         client
             .write_all(&call(1, 400_000, 1, 1, None, &300u32.to_be_bytes()))
@@ -254,5 +340,34 @@ mod tests {
         let mut rest = Vec::new();
         client.read_to_end(&mut rest).await.unwrap();
         assert!(rest.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_resent_call_that_is_not_idempotent_gets_the_first_reply() {
+        let d = Dispatcher::new(vec![Arc::new(Echo::default())], 64 * 1024);
+        let count = |xid, ms: u32| call(xid, 400_000, 1, 3, Some(7), &ms.to_be_bytes());
+        let unframe = |r: Vec<u8>| r[4..].to_vec();
+        let first = d.reply(&unframe(count(10, 0))).await.unwrap();
+        assert_eq!(first[24..], 1u32.to_be_bytes());
+        // The same call again: the first reply, the procedure not run again.
+        assert_eq!(d.reply(&unframe(count(10, 0))).await.unwrap(), first);
+        // The same xid from another client, or another call under the same xid, runs.
+        let far = Some("192.0.2.1".parse().unwrap());
+        let r = d.reply_to(&unframe(count(10, 0)), far).await.unwrap();
+        assert_eq!(r[24..], 2u32.to_be_bytes());
+        let r = d.reply(&unframe(count(10, 1))).await.unwrap();
+        assert_eq!(r[24..], 3u32.to_be_bytes());
+        // A copy that arrives while the first still runs gets no reply of its own.
+        let eleven = unframe(count(11, 200));
+        let (slow, copy) = tokio::join!(d.reply(&eleven), async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            d.reply(&eleven).await
+        });
+        assert_eq!(slow.unwrap()[24..], 4u32.to_be_bytes());
+        assert_eq!(copy, None);
+        // Idempotent procedures are not kept.
+        let echo = unframe(call(12, 400_000, 1, 1, None, &0u32.to_be_bytes()));
+        d.reply(&echo).await.unwrap();
+        assert!(d.replies.lock().iter().all(|((_, xid, _), _)| *xid != 12));
     }
 }

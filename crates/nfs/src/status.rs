@@ -13,6 +13,7 @@ pub const NFS3ERR_NOENT: Nfs3Error = Nfs3Error(2);
 pub const NFS3ERR_IO: Nfs3Error = Nfs3Error(5);
 pub const NFS3ERR_ACCES: Nfs3Error = Nfs3Error(13);
 pub const NFS3ERR_EXIST: Nfs3Error = Nfs3Error(17);
+pub const NFS3ERR_XDEV: Nfs3Error = Nfs3Error(18);
 pub const NFS3ERR_NOTDIR: Nfs3Error = Nfs3Error(20);
 pub const NFS3ERR_ISDIR: Nfs3Error = Nfs3Error(21);
 pub const NFS3ERR_INVAL: Nfs3Error = Nfs3Error(22);
@@ -42,6 +43,7 @@ impl From<&FsError> for Nfs3Error {
             libc::EIO => NFS3ERR_IO,
             libc::EACCES => NFS3ERR_ACCES,
             libc::EEXIST => NFS3ERR_EXIST,
+            libc::EXDEV => NFS3ERR_XDEV,
             libc::ENOTDIR => NFS3ERR_NOTDIR,
             libc::EISDIR => NFS3ERR_ISDIR,
             libc::EINVAL => NFS3ERR_INVAL,

@@ -5,6 +5,7 @@
 use bucketfs_engine::bucket::open_url;
 use bucketfs_engine::{Engine, EngineOptions};
 use bucketfs_fs::{Caller, Fs, ROOT_INO, S_IFDIR, S_IFREG};
+use bucketfs_nfs::export::Exports;
 use bucketfs_nfs::mount::MountProgram;
 use bucketfs_nfs::nfs3::Nfs3Program;
 use bucketfs_nfs::server::Dispatcher;
@@ -58,10 +59,11 @@ async fn libnfs_tools_list_read_and_write_the_tree() {
         .unwrap();
     }
 
+    let exports = Arc::new(Exports::new(&fs, Vec::new()).unwrap());
     let d = Dispatcher::new(
         vec![
-            Arc::new(MountProgram::new(fs.clone(), vec!["/".into()])),
-            Arc::new(Nfs3Program::new(fs.clone())),
+            Arc::new(MountProgram::new(fs.clone(), exports.clone())),
+            Arc::new(Nfs3Program::new(fs.clone(), exports)),
         ],
         2 << 20,
     );

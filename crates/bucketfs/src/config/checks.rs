@@ -286,3 +286,55 @@ pub(super) fn check_allow(value: &Value) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// An entry of `servers.nfs.exports`: a table with `path` and any of `read_only`, `clients`
+/// and `root_squash`; each field's error names it.
+pub(super) fn check_export(value: &Value) -> Result<(), String> {
+    const FIELDS: &str = "path, read_only, clients, root_squash";
+    let Value::Table(fields) = value else {
+        return Err(format!(
+            "expected a table such as {{ path = \"/\", clients = [\"10.0.0.0/8\"] }}, \
+             found {}",
+            describe(value)
+        ));
+    };
+    for (name, field) in fields {
+        match name.as_str() {
+            "path" => {
+                let path = expect_string(field, "an absolute path such as \"/home\"")
+                    .map_err(|m| format!("path: {m}"))?;
+                bucketfs_nfs::export::normal_path(path).map_err(|m| format!("path: {m}"))?;
+            }
+            "read_only" | "root_squash" => {
+                if !matches!(field, Value::Boolean(_)) {
+                    return Err(format!(
+                        "{name}: expected true or false, found {}",
+                        describe(field)
+                    ));
+                }
+            }
+            "clients" => {
+                const EXPECTED: &str = "an array of \"*\", addresses and networks";
+                let Value::Array(items) = field else {
+                    return Err(format!(
+                        "clients: expected {EXPECTED}, found {}",
+                        describe(field)
+                    ));
+                };
+                let mut clients = Vec::with_capacity(items.len());
+                for item in items {
+                    let text =
+                        expect_string(item, EXPECTED).map_err(|m| format!("clients: {m}"))?;
+                    clients.push(text.to_string());
+                }
+                bucketfs_nfs::export::parse_clients(&clients)
+                    .map_err(|m| format!("clients: {m}"))?;
+            }
+            other => return Err(format!("unknown key {other:?} (an export takes {FIELDS})")),
+        }
+    }
+    if !fields.contains_key("path") {
+        return Err("path is missing: every export names the directory it exports".into());
+    }
+    Ok(())
+}

@@ -9,7 +9,7 @@ use std::sync::LazyLock;
 
 use toml::{Table, Value};
 
-use super::checks::{check_allow, check_tls_mode, check_token};
+use super::checks::{check_allow, check_export, check_tls_mode, check_token};
 use super::checks::{
     check_bool, check_compression, check_flush_interval, check_path, check_positive_seconds,
     check_size, check_socket_address, check_storage_url, check_string, check_unix_socket, CheckFn,
@@ -324,12 +324,27 @@ const DECLARED: &[Key] = &[
     key(
         "servers.nfs.listen",
         Each(check_socket_address),
-        default("[]"),
+        default("[\"127.0.0.1:2049\"]"),
         "TCP addresses of the NFSv3 server (MOUNT and NFS on the same port, no portmapper: \
-         clients give it as both ports, e.g. nfs-ls's ?nfsport=N&mountport=N). Off by default \
-         while it is being built (docs/0007): no duplicate request cache and no root squash \
-         yet. AUTH_SYS: a client names the uid it acts as, so keep it on loopback unless the \
-         network is trusted; bucketfs warns at start when it is not.",
+         clients give it as both ports, e.g. mount's port=2049,mountport=2049 or nfs-ls's \
+         ?nfsport=2049&mountport=2049); [] turns NFS off. WRITE answers UNSTABLE and COMMIT \
+         makes data durable (docs/0007). AUTH_SYS: a client names the uid it acts as, so keep \
+         it on loopback unless the network is trusted; bucketfs warns at start when it is not.",
+    ),
+    key(
+        "servers.nfs.exports",
+        Each(check_export),
+        Example(
+            "[{ path = \"/\", clients = [\"127.0.0.1\"] }, \
+             { path = \"/srv\", read_only = true, clients = [\"10.0.0.0/8\"] }]",
+        ),
+        "The directories NFS clients may mount, written as [[servers.nfs.exports]] tables: \
+         path (absolute, in the filesystem); clients (\"*\", addresses or networks such as \
+         \"10.0.0.0/8\"; default [\"*\"]), the clients that may use it; read_only (default \
+         false); root_squash (default true): root of a client that is not on loopback acts as \
+         nobody (65534). A client may mount any directory below an export and never climbs \
+         above it. Unset: the whole filesystem, to every client that can connect, root \
+         squashed.",
     ),
     key(
         "filesystem.quota_bytes",

@@ -141,6 +141,42 @@ pub struct ServersConfig {
 pub struct NfsServerConfig {
     /// Empty means no NFS server.
     pub listen: Vec<SocketAddr>,
+    /// Unset: the whole filesystem to every client that can connect, root squashed unless it
+    /// is on loopback.
+    pub exports: Option<Vec<NfsExportConfig>>,
+}
+
+/// One entry of `[[servers.nfs.exports]]` (checks.rs checks it before this reads it).
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NfsExportConfig {
+    pub path: String,
+    #[serde(default)]
+    pub read_only: bool,
+    #[serde(default = "every_client")]
+    pub clients: Vec<String>,
+    #[serde(default = "yes")]
+    pub root_squash: bool,
+}
+
+fn every_client() -> Vec<String> {
+    vec!["*".to_string()]
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl NfsExportConfig {
+    /// The export as the NFS server takes it.
+    pub fn rule(&self) -> Result<bucketfs_nfs::export::ExportRule, String> {
+        Ok(bucketfs_nfs::export::ExportRule {
+            path: bucketfs_nfs::export::normal_path(&self.path)?,
+            read_only: self.read_only,
+            clients: bucketfs_nfs::export::parse_clients(&self.clients)?,
+            root_squash: self.root_squash,
+        })
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
@@ -413,6 +449,39 @@ impl Config {
                 return Err(invalid(
                     "servers.ninep.listen",
                     format!("{address} clashes with {earlier}, {where_}"),
+                ));
+            }
+        }
+        let nfs = &self.servers.nfs.listen;
+        for (index, address) in nfs.iter().enumerate() {
+            let clash = nfs[..index]
+                .iter()
+                .map(|a| (a, "listed before it"))
+                .chain(listen.iter().map(|a| (a, "in servers.nbd.listen")))
+                .chain(ninep.iter().map(|a| (a, "in servers.ninep.listen")))
+                .chain(self.admin.listen.iter().map(|a| (a, "in admin.listen")))
+                .find(|(a, _)| addresses_clash(a, address));
+            if let Some((earlier, where_)) = clash {
+                return Err(invalid(
+                    "servers.nfs.listen",
+                    format!("{address} clashes with {earlier}, {where_}"),
+                ));
+            }
+        }
+        let exports = self.servers.nfs.exports.as_deref().unwrap_or_default();
+        for (index, export) in exports.iter().enumerate() {
+            let key = format!("servers.nfs.exports[{index}]");
+            let rule = export.rule().map_err(|m| invalid(&key, m))?;
+            let earlier = exports[..index]
+                .iter()
+                .position(|e| e.rule().is_ok_and(|r| r.path == rule.path));
+            if let Some(earlier) = earlier {
+                return Err(invalid(
+                    &key,
+                    format!(
+                        "{:?} is exported by servers.nfs.exports[{earlier}] already",
+                        rule.path
+                    ),
                 ));
             }
         }

@@ -144,7 +144,7 @@ fn init_template_lists_every_key_and_its_examples_are_valid() {
         .iter()
         .filter(|leaf| !leaf.starts_with("tuning."))
         .count();
-    assert_eq!(untuned, 36);
+    assert_eq!(untuned, 37);
     for leaf in leaves {
         assert!(lookup(&table, leaf).is_some(), "the template lacks {leaf}");
     }
@@ -260,6 +260,15 @@ fn full_file_sets_every_field() {
         [servers.ninep]
         listen = ["127.0.0.1:20564"]
         unix_socket = "/tmp/9p.sock"
+        [servers.nfs]
+        listen = ["127.0.0.1:22049"]
+        [[servers.nfs.exports]]
+        path = "/srv/"
+        read_only = true
+        clients = ["10.0.0.0/8", "192.0.2.7"]
+        root_squash = false
+        [[servers.nfs.exports]]
+        path = "/"
         [filesystem]
         quota_bytes = "2TiB"
         [admin]
@@ -332,7 +341,23 @@ fn full_file_sets_every_field() {
                 listen: vec!["127.0.0.1:20564".parse().unwrap()],
                 unix_socket: Some(PathBuf::from("/tmp/9p.sock")),
             },
-            nfs: NfsServerConfig { listen: vec![] },
+            nfs: NfsServerConfig {
+                listen: vec!["127.0.0.1:22049".parse().unwrap()],
+                exports: Some(vec![
+                    NfsExportConfig {
+                        path: "/srv/".to_string(),
+                        read_only: true,
+                        clients: vec!["10.0.0.0/8".to_string(), "192.0.2.7".to_string()],
+                        root_squash: false,
+                    },
+                    NfsExportConfig {
+                        path: "/".to_string(),
+                        read_only: false,
+                        clients: vec!["*".to_string()],
+                        root_squash: true,
+                    },
+                ]),
+            },
         },
         filesystem: FilesystemConfig {
             quota_bytes: Some(2 << 40),
@@ -648,6 +673,62 @@ fn bad_socket_addresses_name_the_key() {
             "{message}"
         );
     }
+}
+
+#[test]
+fn nfs_exports_are_checked_field_by_field() {
+    let export = |fields: &str| error(&format!("[[servers.nfs.exports]]\n{fields}\n"));
+    for (fields, want) in [
+        (
+            "path = \"srv\"",
+            "servers.nfs.exports[0]: path: \"srv\" is not an absolute path",
+        ),
+        (
+            "path = \"/a/../b\"",
+            "servers.nfs.exports[0]: path: \"/a/../b\" has a . or .. component",
+        ),
+        (
+            "path = \"/\"\nclients = [\"10.0.0.0/33\"]",
+            "servers.nfs.exports[0]: clients: \"10.0.0.0/33\" is not \"*\", an IP address",
+        ),
+        (
+            "path = \"/\"\nclients = \"*\"",
+            "servers.nfs.exports[0]: clients: expected an array",
+        ),
+        (
+            "path = \"/\"\nread_only = \"yes\"",
+            "servers.nfs.exports[0]: read_only: expected true or false, found string \"yes\"",
+        ),
+        (
+            "path = \"/\"\nsquash = true",
+            "servers.nfs.exports[0]: unknown key \"squash\" (an export takes path, read_only, \
+             clients, root_squash)",
+        ),
+        (
+            "read_only = true",
+            "servers.nfs.exports[0]: path is missing",
+        ),
+        (
+            "path = \"/x\"\n[[servers.nfs.exports]]\npath = \"/x/\"",
+            "servers.nfs.exports[1]: \"/x\" is exported by servers.nfs.exports[0] already",
+        ),
+    ] {
+        let message = export(fields);
+        assert!(
+            message.starts_with(&format!("bucketfs.toml: {want}")),
+            "{fields}: {message}"
+        );
+    }
+    // NFS on a port another server has.
+    let message = error(
+        "[servers.ninep]\nlisten = [\"127.0.0.1:7000\"]\n\
+         [servers.nfs]\nlisten = [\"127.0.0.1:7000\"]\n",
+    );
+    assert_eq!(
+        message,
+        "bucketfs.toml: servers.nfs.listen: 127.0.0.1:7000 clashes with 127.0.0.1:7000, in \
+         servers.ninep.listen"
+    );
 }
 
 #[test]

@@ -1,12 +1,15 @@
-//! NFS version 3 (RFC 1813) over the filesystem core: the procedures built so far, each
-//! acting as the caller its AUTH_SYS credential names. Attributes go out as fattr3 with
-//! every reply that carries them (post_op_attr).
+//! NFS version 3 (RFC 1813) over the filesystem core: all 22 procedures, each acting as the
+//! caller its AUTH_SYS credential names, as the export its handle was given under sees it
+//! (export.rs). Attributes go out as fattr3 with every reply that carries them
+//! (post_op_attr).
 
+use crate::export::{Export, Exports};
 use crate::handle::{self, NFS3_FHSIZE};
-use crate::mount::caller;
 use crate::rpc::{AcceptStat, Call};
 use crate::server::{BoxFuture, Outcome, Program};
-use crate::status::{Nfs3Error, NFS3ERR_NOTDIR, NFS3_OK};
+use crate::status::{
+    Nfs3Error, NFS3ERR_ACCES, NFS3ERR_NOTDIR, NFS3ERR_ROFS, NFS3ERR_STALE, NFS3_OK,
+};
 use crate::xdr::{Decoder, Encoder, XdrResult};
 use bucketfs_fs::{
     Caller, Fs, Inode, Kind, Time, MAY_EXEC, MAY_READ, MAY_WRITE, NAME_BYTES_MAX,
@@ -57,19 +60,21 @@ const FILE_SYNC: u32 = 2;
 
 pub struct Nfs3Program {
     fs: Arc<Fs>,
+    exports: Arc<Exports>,
     /// The write verifier: new at every start of the server, so a client that wrote UNSTABLE
     /// data a crash may have lost sees it change at its COMMIT and sends that data again.
     verifier: [u8; 8],
 }
 
 impl Nfs3Program {
-    pub fn new(fs: Arc<Fs>) -> Nfs3Program {
+    pub fn new(fs: Arc<Fs>, exports: Arc<Exports>) -> Nfs3Program {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default();
         let v = (now.as_nanos() as u64) ^ (u64::from(std::process::id()) << 48);
         Nfs3Program {
             fs,
+            exports,
             verifier: v.to_be_bytes(),
         }
     }
@@ -77,6 +82,44 @@ impl Nfs3Program {
     pub fn verifier(&self) -> [u8; 8] {
         self.verifier
     }
+
+    /// Resolves a handle for a call. BADHANDLE and STALE as handle.rs says (STALE also for an
+    /// export no longer served), ACCES for a client its export does not admit, ROFS when the
+    /// call would `change` something under a read-only export.
+    async fn target(
+        &self,
+        call: &Call<'_>,
+        h: &[u8],
+        change: bool,
+    ) -> Result<Target<'_>, Nfs3Error> {
+        let id = handle::export_id(&self.fs, h)?;
+        let export = self.exports.by_id(id).ok_or(NFS3ERR_STALE)?;
+        if !export.admits(call.peer) {
+            return Err(NFS3ERR_ACCES);
+        }
+        if change && export.rule.read_only {
+            return Err(NFS3ERR_ROFS);
+        }
+        let inode = handle::decode(&self.fs, h).await?;
+        Ok(Target {
+            inode,
+            export,
+            who: export.caller(call.peer, &call.cred),
+        })
+    }
+
+    /// The handle of `i`, under the export `t` was reached through.
+    fn handle_of(&self, t: &Target<'_>, i: &Inode) -> Vec<u8> {
+        handle::encode(&self.fs, t.export.id, i)
+    }
+}
+
+/// A handle resolved for one call: the inode it names, the export it was given under, and the
+/// caller as that export sees it (root squashed or not).
+pub(super) struct Target<'e> {
+    pub inode: Inode,
+    pub export: &'e Export,
+    pub who: Caller,
 }
 
 /// wcc_data: the size and times before the change (pre_op_attr), the attributes after.
@@ -178,12 +221,17 @@ fn access(who: &Caller, i: &Inode, asked: u32) -> u32 {
 }
 
 impl Nfs3Program {
-    async fn getattr(&self, args: &mut Decoder<'_>, out: &mut Encoder) -> Result<(), AcceptStat> {
+    async fn getattr(
+        &self,
+        call: &Call<'_>,
+        args: &mut Decoder<'_>,
+        out: &mut Encoder,
+    ) -> Result<(), AcceptStat> {
         let h = fh(args).map_err(|_| AcceptStat::GarbageArgs)?;
-        match handle::decode(&self.fs, h).await {
-            Ok(i) => {
+        match self.target(call, h, false).await {
+            Ok(t) => {
                 out.u32(NFS3_OK);
-                fattr(out, &i);
+                fattr(out, &t.inode);
             }
             Err(Nfs3Error(s)) => {
                 out.u32(s);
@@ -202,35 +250,35 @@ impl Nfs3Program {
             Ok::<_, crate::xdr::XdrError>((fh(args)?, args.opaque(NAME_BYTES_MAX, "filename3")?))
         })()
         .map_err(|_| AcceptStat::GarbageArgs)?;
-        let dir = match handle::decode(&self.fs, h).await {
-            Ok(d) => d,
-            Err(Nfs3Error(s)) => {
-                out.u32(s);
-                post_op(out, None);
-                return Ok(());
-            }
+        let Some(t) = self.object(call, h, out).await else {
+            return Ok(());
         };
+        let dir = &t.inode;
         if !dir.is_dir() {
             out.u32(NFS3ERR_NOTDIR.0);
-            post_op(out, Some(&dir));
+            post_op(out, Some(dir));
             return Ok(());
         }
-        let who = caller(&call.cred);
+        let who = &t.who;
         let found = match name {
-            b"." | b".." if !who.may(&dir, MAY_EXEC) => Err(bucketfs_fs::FsError::Access),
+            b"." | b".." if !who.may(dir, MAY_EXEC) => Err(bucketfs_fs::FsError::Access),
             b"." => Ok(dir.clone()),
-            b".." => self.fs.getattr(dir.parent).await,
-            _ => self.fs.lookup(&who, dir.ino, name).await,
+            // `..` of the export's root is the root: a client cannot walk out of its export.
+            b".." => match t.export.root(&self.fs).await {
+                Ok(root) if root.ino == dir.ino => Ok(dir.clone()),
+                _ => self.fs.getattr(dir.parent).await,
+            },
+            _ => self.fs.lookup(who, dir.ino, name).await,
         };
         match found {
             Ok(i) => {
-                out.u32(NFS3_OK).opaque(&handle::encode(&self.fs, &i));
+                out.u32(NFS3_OK).opaque(&self.handle_of(&t, &i));
                 post_op(out, Some(&i));
-                post_op(out, Some(&dir));
+                post_op(out, Some(dir));
             }
             Err(e) => {
                 out.u32(Nfs3Error::from(&e).0);
-                post_op(out, Some(&dir));
+                post_op(out, Some(dir));
             }
         }
         Ok(())
@@ -244,25 +292,24 @@ impl Nfs3Program {
     ) -> Result<(), AcceptStat> {
         let (h, asked) = (|| Ok::<_, crate::xdr::XdrError>((fh(args)?, args.u32()?)))()
             .map_err(|_| AcceptStat::GarbageArgs)?;
-        match handle::decode(&self.fs, h).await {
-            Ok(i) => {
-                out.u32(NFS3_OK);
-                post_op(out, Some(&i));
-                out.u32(access(&caller(&call.cred), &i, asked));
-            }
-            Err(Nfs3Error(s)) => {
-                out.u32(s);
-                post_op(out, None);
-            }
+        let Some(t) = self.object(call, h, out).await else {
+            return Ok(());
+        };
+        let mut granted = access(&t.who, &t.inode, asked);
+        if t.export.rule.read_only {
+            granted &= !(ACCESS3_MODIFY | ACCESS3_EXTEND | ACCESS3_DELETE);
         }
+        out.u32(NFS3_OK);
+        post_op(out, Some(&t.inode));
+        out.u32(granted);
         Ok(())
     }
 
-    /// The inode a handle names, or the reply already holds the error and an empty
-    /// post_op_attr.
-    async fn object(&self, h: &[u8], out: &mut Encoder) -> Option<Inode> {
-        match handle::decode(&self.fs, h).await {
-            Ok(i) => Some(i),
+    /// The handle resolved for a call that only reads, or the reply already holds the error
+    /// and an empty post_op_attr.
+    async fn object(&self, call: &Call<'_>, h: &[u8], out: &mut Encoder) -> Option<Target<'_>> {
+        match self.target(call, h, false).await {
+            Ok(t) => Some(t),
             Err(Nfs3Error(s)) => {
                 out.u32(s);
                 post_op(out, None);
@@ -271,9 +318,14 @@ impl Nfs3Program {
         }
     }
 
-    async fn readlink(&self, args: &mut Decoder<'_>, out: &mut Encoder) -> Result<(), AcceptStat> {
+    async fn readlink(
+        &self,
+        call: &Call<'_>,
+        args: &mut Decoder<'_>,
+        out: &mut Encoder,
+    ) -> Result<(), AcceptStat> {
         let h = fh(args).map_err(|_| AcceptStat::GarbageArgs)?;
-        let Some(i) = self.object(h, out).await else {
+        let Some(Target { inode: i, .. }) = self.object(call, h, out).await else {
             return Ok(());
         };
         match self.fs.readlink(i.ino).await {
@@ -301,10 +353,9 @@ impl Nfs3Program {
         let (h, offset, count) =
             (|| Ok::<_, crate::xdr::XdrError>((fh(args)?, args.u64()?, args.u32()?)))()
                 .map_err(|_| AcceptStat::GarbageArgs)?;
-        let Some(i) = self.object(h, out).await else {
+        let Some(Target { inode: i, who, .. }) = self.object(call, h, out).await else {
             return Ok(());
         };
-        let who = caller(&call.cred);
         if !(who.may(&i, MAY_READ) || who.uid == i.uid) {
             out.u32(crate::status::NFS3ERR_ACCES.0);
             post_op(out, Some(&i));
@@ -345,10 +396,10 @@ impl Nfs3Program {
             Ok::<_, crate::xdr::XdrError>((h, cookie, max))
         })();
         let (h, cookie, max) = parsed.map_err(|_| AcceptStat::GarbageArgs)?;
-        let Some(dir) = self.object(h, out).await else {
+        let Some(t) = self.object(call, h, out).await else {
             return Ok(());
         };
-        let who = caller(&call.cred);
+        let (dir, who) = (&t.inode, &t.who);
         let per_entry = if plus {
             READDIRPLUS_ENTRY_BYTES
         } else {
@@ -356,11 +407,11 @@ impl Nfs3Program {
         };
         let room = (max.min(IO_BYTES_MAX) as usize).saturating_sub(READDIR_HEAD_BYTES);
         let want = (room / per_entry + 1).min(READDIR_ENTRIES_MAX);
-        let entries = match self.fs.readdir(&who, dir.ino, cookie, want).await {
+        let entries = match self.fs.readdir(who, dir.ino, cookie, want).await {
             Ok(e) => e,
             Err(e) => {
                 out.u32(Nfs3Error::from(&e).0);
-                post_op(out, Some(&dir));
+                post_op(out, Some(dir));
                 return Ok(());
             }
         };
@@ -376,7 +427,7 @@ impl Nfs3Program {
                 match self.fs.getattr(e.ino).await {
                     Ok(i) => {
                         post_op(&mut list, Some(&i));
-                        list.bool(true).opaque(&handle::encode(&self.fs, &i));
+                        list.bool(true).opaque(&self.handle_of(&t, &i));
                     }
                     // Gone since the listing: its name without attributes or handle.
                     Err(_) => {
@@ -388,12 +439,12 @@ impl Nfs3Program {
         }
         if sent == 0 && !entries.is_empty() {
             out.u32(crate::status::NFS3ERR_TOOSMALL.0);
-            post_op(out, Some(&dir));
+            post_op(out, Some(dir));
             return Ok(());
         }
         let eof = sent == entries.len() && entries.len() < want;
         out.u32(NFS3_OK);
-        post_op(out, Some(&dir));
+        post_op(out, Some(dir));
         out.fixed(&[0; 8])
             .raw(&list.into_bytes())
             .bool(false)
@@ -420,10 +471,12 @@ impl Nfs3Program {
         if count as usize != data.len() || stable > FILE_SYNC {
             return Err(AcceptStat::GarbageArgs);
         }
-        let Some(before) = self.object_wcc(h, out).await else {
+        let Some(Target {
+            inode: before, who, ..
+        }) = self.object_wcc(call, h, true, out).await
+        else {
             return Ok(());
         };
-        let who = caller(&call.cred);
         if !(who.may(&before, MAY_WRITE) || who.uid == before.uid) {
             out.u32(crate::status::NFS3ERR_ACCES.0);
             wcc(out, Some(&before), Some(&before));
@@ -464,10 +517,15 @@ impl Nfs3Program {
 
     /// COMMIT: returns once everything written before it is durable (the engine's log is one
     /// order, so that covers the whole file, whatever range was asked).
-    async fn commit(&self, args: &mut Decoder<'_>, out: &mut Encoder) -> Result<(), AcceptStat> {
+    async fn commit(
+        &self,
+        call: &Call<'_>,
+        args: &mut Decoder<'_>,
+        out: &mut Encoder,
+    ) -> Result<(), AcceptStat> {
         let parsed = (|| Ok::<_, crate::xdr::XdrError>((fh(args)?, args.u64()?, args.u32()?)))();
         let (h, _offset, _count) = parsed.map_err(|_| AcceptStat::GarbageArgs)?;
-        let Some(i) = self.object_wcc(h, out).await else {
+        let Some(Target { inode: i, .. }) = self.object_wcc(call, h, false, out).await else {
             return Ok(());
         };
         match self.fs.fsync(i.ino).await {
@@ -484,10 +542,16 @@ impl Nfs3Program {
         Ok(())
     }
 
-    /// Like `object`, for replies whose failure carries wcc_data.
-    async fn object_wcc(&self, h: &[u8], out: &mut Encoder) -> Option<Inode> {
-        match handle::decode(&self.fs, h).await {
-            Ok(i) => Some(i),
+    /// Like `object`, for replies whose failure carries wcc_data; `change` as for `target`.
+    async fn object_wcc(
+        &self,
+        call: &Call<'_>,
+        h: &[u8],
+        change: bool,
+        out: &mut Encoder,
+    ) -> Option<Target<'_>> {
+        match self.target(call, h, change).await {
+            Ok(t) => Some(t),
             Err(Nfs3Error(s)) => {
                 out.u32(s);
                 wcc(out, None, None);
@@ -500,22 +564,17 @@ impl Nfs3Program {
     /// handle they were asked through.
     async fn fs_facts(
         &self,
-        procedure: u32,
+        call: &Call<'_>,
         args: &mut Decoder<'_>,
         out: &mut Encoder,
     ) -> Result<(), AcceptStat> {
         let h = fh(args).map_err(|_| AcceptStat::GarbageArgs)?;
-        let i = match handle::decode(&self.fs, h).await {
-            Ok(i) => i,
-            Err(Nfs3Error(s)) => {
-                out.u32(s);
-                post_op(out, None);
-                return Ok(());
-            }
+        let Some(Target { inode: i, .. }) = self.object(call, h, out).await else {
+            return Ok(());
         };
         out.u32(NFS3_OK);
         post_op(out, Some(&i));
-        match procedure {
+        match call.procedure {
             18 => {
                 let s = self.fs.statfs();
                 out.u64(s.blocks * STATFS_BLOCK_BYTES)
@@ -561,17 +620,23 @@ impl Program for Nfs3Program {
         (NFS_V3, NFS_V3)
     }
 
+    /// SETATTR and the procedures that make, remove or rename: run twice, the second would
+    /// fail (EXIST, NOENT) or undo a change made since (a size set again).
+    fn idempotent(&self, procedure: u32) -> bool {
+        !matches!(procedure, 2 | 8..=15)
+    }
+
     fn call<'a>(&'a self, call: &'a Call<'a>) -> BoxFuture<'a, Outcome> {
         Box::pin(async move {
             let mut args = Decoder::new(call.args);
             let mut out = Encoder::new();
             match call.procedure {
                 0 => {}
-                1 => self.getattr(&mut args, &mut out).await?,
+                1 => self.getattr(call, &mut args, &mut out).await?,
                 2 => self.setattr(call, &mut args, &mut out).await?,
                 3 => self.lookup(call, &mut args, &mut out).await?,
                 4 => self.access(call, &mut args, &mut out).await?,
-                5 => self.readlink(&mut args, &mut out).await?,
+                5 => self.readlink(call, &mut args, &mut out).await?,
                 6 => self.read(call, &mut args, &mut out).await?,
                 7 => self.write(call, &mut args, &mut out).await?,
                 8 => self.create(call, false, &mut args, &mut out).await?,
@@ -584,8 +649,8 @@ impl Program for Nfs3Program {
                 15 => self.link(call, &mut args, &mut out).await?,
                 16 => self.readdir(call, false, &mut args, &mut out).await?,
                 17 => self.readdir(call, true, &mut args, &mut out).await?,
-                18..=20 => self.fs_facts(call.procedure, &mut args, &mut out).await?,
-                21 => self.commit(&mut args, &mut out).await?,
+                18..=20 => self.fs_facts(call, &mut args, &mut out).await?,
+                21 => self.commit(call, &mut args, &mut out).await?,
                 _ => return Err(AcceptStat::ProcUnavail),
             }
             Ok(out.into_bytes())
@@ -593,5 +658,7 @@ impl Program for Nfs3Program {
     }
 }
 
+#[cfg(test)]
+mod export_tests;
 #[cfg(test)]
 mod tests;

@@ -1,9 +1,11 @@
 //! The NFSv3 procedures that change attributes and names: SETATTR (with its ctime guard),
 //! CREATE (UNCHECKED, GUARDED, EXCLUSIVE), MKDIR, SYMLINK, MKNOD, REMOVE, RMDIR, RENAME and
-//! LINK. Each is one
-//! transaction of the core, as the caller; each answers wcc_data for what it changed.
+//! LINK. Each is one transaction of the core, as the caller, and is durable before its reply:
+//! RFC 1813 (section 4.8) makes them synchronous, and a client that saw a file made would
+//! otherwise find it gone (STALE) after a crash. Each answers wcc_data for what it changed.
 
 use super::*;
+use crate::status::NFS3ERR_XDEV;
 use crate::xdr::XdrError;
 use bucketfs_fs::FsError;
 use bucketfs_fs::{RenameFlags, SetAttr, S_IFBLK, S_IFCHR, S_IFDIR, S_IFIFO, S_IFREG, S_IFSOCK};
@@ -65,6 +67,31 @@ fn dirop<'a>(d: &mut Decoder<'a>) -> XdrResult<(&'a [u8], &'a [u8])> {
 }
 
 impl Nfs3Program {
+    /// A change that succeeded, made durable (the flush barrier); its failure is the reply's.
+    async fn durable<T>(&self, changed: Result<T, FsError>) -> Result<T, FsError> {
+        let value = changed?;
+        self.fs.sync().await?;
+        Ok(value)
+    }
+
+    /// The two handles of LINK and RENAME, for a change: XDEV when they were given under
+    /// different exports (a change may not reach across them).
+    async fn pair(
+        &self,
+        call: &Call<'_>,
+        a: &[u8],
+        b: &[u8],
+    ) -> Result<(Target<'_>, Target<'_>), Nfs3Error> {
+        let (a, b) = (
+            self.target(call, a, true).await?,
+            self.target(call, b, true).await?,
+        );
+        if a.export.id != b.export.id {
+            return Err(NFS3ERR_XDEV);
+        }
+        Ok((a, b))
+    }
+
     pub(super) async fn setattr(
         &self,
         call: &Call<'_>,
@@ -82,7 +109,10 @@ impl Nfs3Program {
             Ok::<_, XdrError>((h, set, guard))
         })();
         let (h, set, guard) = parsed.map_err(|_| AcceptStat::GarbageArgs)?;
-        let Some(before) = self.object_wcc(h, out).await else {
+        let Some(Target {
+            inode: before, who, ..
+        }) = self.object_wcc(call, h, true, out).await
+        else {
             return Ok(());
         };
         if let Some((sec, nsec)) = guard {
@@ -92,7 +122,10 @@ impl Nfs3Program {
                 return Ok(());
             }
         }
-        match self.fs.setattr(&caller(&call.cred), before.ino, &set).await {
+        match self
+            .durable(self.fs.setattr(&who, before.ino, &set).await)
+            .await
+        {
             Ok(after) => {
                 out.u32(NFS3_OK);
                 wcc(out, Some(&before), Some(&after));
@@ -107,20 +140,19 @@ impl Nfs3Program {
 
     /// The reply of CREATE, MKDIR, SYMLINK and MKNOD: the new inode's handle and attributes,
     /// or the error, then the directory's wcc_data.
-    async fn answer_new(&self, out: &mut Encoder, made: Result<Inode, FsError>, dir: &Inode) {
-        let dir_after = self.fs.getattr(dir.ino).await.ok();
+    async fn answer_new(&self, out: &mut Encoder, made: Result<Inode, FsError>, dir: &Target<'_>) {
+        let made = self.durable(made).await;
+        let dir_after = self.fs.getattr(dir.inode.ino).await.ok();
         match made {
             Ok(i) => {
-                out.u32(NFS3_OK)
-                    .bool(true)
-                    .opaque(&handle::encode(&self.fs, &i));
+                out.u32(NFS3_OK).bool(true).opaque(&self.handle_of(dir, &i));
                 post_op(out, Some(&i));
             }
             Err(e) => {
                 out.u32(Nfs3Error::from(&e).0);
             }
         }
-        wcc(out, Some(dir), dir_after.as_ref());
+        wcc(out, Some(&dir.inode), dir_after.as_ref());
     }
 
     /// CREATE and MKDIR. EXCLUSIVE keeps the client's verifier in the new file's atime and
@@ -152,10 +184,10 @@ impl Nfs3Program {
             Ok::<_, XdrError>((h, name, how, set, verifier))
         })();
         let (h, name, how, mut set, verifier) = parsed.map_err(|_| AcceptStat::GarbageArgs)?;
-        let Some(dir) = self.object_wcc(h, out).await else {
+        let Some(t) = self.object_wcc(call, h, true, out).await else {
             return Ok(());
         };
-        let who = caller(&call.cred);
+        let (dir, who) = (&t.inode, &t.who);
         let (kind, default_mode) = if dir_kind {
             (S_IFDIR, 0o755)
         } else {
@@ -169,7 +201,7 @@ impl Nfs3Program {
             sec: i64::from(u32::from_be_bytes(v[..4].try_into().expect("4"))),
             nsec: u32::from_be_bytes(v[4..].try_into().expect("4")) % 1_000_000_000,
         });
-        let made = match self.fs.make(&who, dir.ino, name, kind | mode, 0).await {
+        let made = match self.fs.make(who, dir.ino, name, kind | mode, 0).await {
             Ok(i) => {
                 // The client's other attributes (or the verifier) on the new file.
                 if let Some(t) = stamp {
@@ -179,11 +211,11 @@ impl Nfs3Program {
                 if is_empty(&set) {
                     Ok(i)
                 } else {
-                    self.fs.setattr(&who, i.ino, &set).await
+                    self.fs.setattr(who, i.ino, &set).await
                 }
             }
             Err(e) if e.errno() == libc::EEXIST && how != GUARDED => {
-                match self.fs.lookup(&who, dir.ino, name).await {
+                match self.fs.lookup(who, dir.ino, name).await {
                     // EXCLUSIVE: the same verifier means this is a retransmission.
                     Ok(i) if stamp.is_some() => {
                         if Some(i.mtime) == stamp && i.atime == i.mtime {
@@ -198,7 +230,7 @@ impl Nfs3Program {
                         if is_empty(&set) {
                             Ok(i)
                         } else {
-                            self.fs.setattr(&who, i.ino, &set).await
+                            self.fs.setattr(who, i.ino, &set).await
                         }
                     }
                     Ok(_) => Err(e),
@@ -207,7 +239,7 @@ impl Nfs3Program {
             }
             Err(e) => Err(e),
         };
-        self.answer_new(out, made, &dir).await;
+        self.answer_new(out, made, &t).await;
         Ok(())
     }
 
@@ -241,27 +273,25 @@ impl Nfs3Program {
             Ok((h, name, what, None))
         })();
         let (h, name, what, target) = parsed.map_err(|_| AcceptStat::GarbageArgs)?;
-        let Some(dir) = self.object_wcc(h, out).await else {
+        let Some(t) = self.object_wcc(call, h, true, out).await else {
             return Ok(());
         };
+        let (dir, who) = (&t.inode, &t.who);
         let Ok((kind, mut set, rdev)) = what else {
             out.u32(NFS3ERR_BADTYPE);
-            wcc(out, Some(&dir), Some(&dir));
+            wcc(out, Some(dir), Some(dir));
             return Ok(());
         };
-        let who = caller(&call.cred);
         let mode = set.mode.take().unwrap_or(0o644);
         let made = match target {
-            Some(t) => self.fs.symlink(&who, dir.ino, name, t).await,
-            None => self.fs.make(&who, dir.ino, name, kind | mode, rdev).await,
+            Some(path) => self.fs.symlink(who, dir.ino, name, path).await,
+            None => self.fs.make(who, dir.ino, name, kind | mode, rdev).await,
         };
         let made = match made {
-            Ok(i) if !is_empty(&set) && target.is_none() => {
-                self.fs.setattr(&who, i.ino, &set).await
-            }
+            Ok(i) if !is_empty(&set) && target.is_none() => self.fs.setattr(who, i.ino, &set).await,
             r => r,
         };
-        self.answer_new(out, made, &dir).await;
+        self.answer_new(out, made, &t).await;
         Ok(())
     }
 
@@ -273,32 +303,28 @@ impl Nfs3Program {
     ) -> Result<(), AcceptStat> {
         let parsed = (|| Ok::<_, XdrError>((fh(args)?, dirop(args)?)))();
         let (file_h, (dir_h, name)) = parsed.map_err(|_| AcceptStat::GarbageArgs)?;
-        let (file, dir) = match (
-            handle::decode(&self.fs, file_h).await,
-            handle::decode(&self.fs, dir_h).await,
-        ) {
-            (Ok(f), Ok(d)) => (f, d),
-            (Err(Nfs3Error(s)), _) | (_, Err(Nfs3Error(s))) => {
+        let (file, dir) = match self.pair(call, file_h, dir_h).await {
+            Ok(pair) => pair,
+            Err(Nfs3Error(s)) => {
                 out.u32(s);
                 post_op(out, None);
                 wcc(out, None, None);
                 return Ok(());
             }
         };
-        let r = self
-            .fs
-            .link(&caller(&call.cred), file.ino, dir.ino, name)
-            .await;
+        let (file, dir) = (file.inode, dir);
+        let r = self.fs.link(&dir.who, file.ino, dir.inode.ino, name).await;
+        let r = self.durable(r).await;
         let (file_after, dir_after) = (
             self.fs.getattr(file.ino).await.ok(),
-            self.fs.getattr(dir.ino).await.ok(),
+            self.fs.getattr(dir.inode.ino).await.ok(),
         );
         out.u32(match &r {
             Ok(_) => NFS3_OK,
             Err(e) => Nfs3Error::from(e).0,
         });
         post_op(out, file_after.as_ref());
-        wcc(out, Some(&dir), dir_after.as_ref());
+        wcc(out, Some(&dir.inode), dir_after.as_ref());
         Ok(())
     }
 
@@ -311,15 +337,18 @@ impl Nfs3Program {
         out: &mut Encoder,
     ) -> Result<(), AcceptStat> {
         let (h, name) = dirop(args).map_err(|_| AcceptStat::GarbageArgs)?;
-        let Some(dir) = self.object_wcc(h, out).await else {
+        let Some(Target {
+            inode: dir, who, ..
+        }) = self.object_wcc(call, h, true, out).await
+        else {
             return Ok(());
         };
-        let who = caller(&call.cred);
         let r = if dir_kind {
             self.fs.rmdir(&who, dir.ino, name).await
         } else {
             self.fs.unlink(&who, dir.ino, name).await
         };
+        let r = self.durable(r).await;
         let after = self.fs.getattr(dir.ino).await.ok();
         out.u32(match &r {
             Ok(()) => NFS3_OK,
@@ -337,21 +366,20 @@ impl Nfs3Program {
     ) -> Result<(), AcceptStat> {
         let parsed = (|| Ok::<_, XdrError>((dirop(args)?, dirop(args)?)))();
         let ((from_h, from_name), (to_h, to_name)) = parsed.map_err(|_| AcceptStat::GarbageArgs)?;
-        let from = handle::decode(&self.fs, from_h).await;
-        let to = handle::decode(&self.fs, to_h).await;
-        let (from, to) = match (from, to) {
-            (Ok(f), Ok(t)) => (f, t),
-            (Err(Nfs3Error(s)), _) | (_, Err(Nfs3Error(s))) => {
+        let (from, to) = match self.pair(call, from_h, to_h).await {
+            Ok((f, t)) => (f.inode, t),
+            Err(Nfs3Error(s)) => {
                 out.u32(s);
                 wcc(out, None, None);
                 wcc(out, None, None);
                 return Ok(());
             }
         };
+        let (who, to) = (to.who, to.inode);
         let r = self
             .fs
             .rename(
-                &caller(&call.cred),
+                &who,
                 from.ino,
                 from_name,
                 to.ino,
@@ -359,6 +387,7 @@ impl Nfs3Program {
                 RenameFlags::default(),
             )
             .await;
+        let r = self.durable(r).await;
         let (from_after, to_after) = (
             self.fs.getattr(from.ino).await.ok(),
             self.fs.getattr(to.ino).await.ok(),

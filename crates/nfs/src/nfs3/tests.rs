@@ -7,7 +7,12 @@ use crate::server::Dispatcher;
 use crate::status::{NFS3ERR_ACCES, NFS3ERR_BADHANDLE, NFS3ERR_NOENT};
 use bucketfs_fs::{ROOT_INO, S_IFDIR, S_IFREG};
 
-fn call(xid: u32, prog: u32, procedure: u32, uid: u32, args: &[u8]) -> Vec<u8> {
+/// A call record. Each gets a transaction id of its own (`xid` in the low 16 bits), as a
+/// client's calls do: the same call under one id twice would be answered from the duplicate
+/// request cache.
+pub(super) fn call(xid: u32, prog: u32, procedure: u32, uid: u32, args: &[u8]) -> Vec<u8> {
+    static SEQUENCE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
+    let xid = xid | SEQUENCE.fetch_add(1, std::sync::atomic::Ordering::Relaxed) << 16;
     let mut cred = Encoder::new();
     cred.u32(0).opaque(b"host").u32(uid).u32(uid).u32(0);
     let mut e = Encoder::new();
@@ -20,13 +25,18 @@ fn call(xid: u32, prog: u32, procedure: u32, uid: u32, args: &[u8]) -> Vec<u8> {
     e.into_bytes()
 }
 
-fn body(reply: &[u8]) -> Decoder<'_> {
+/// A handle under the default export.
+pub(super) fn encode(fs: &Fs, i: &Inode) -> Vec<u8> {
+    handle::encode(fs, crate::whole(fs).iter().next().unwrap().id, i)
+}
+
+pub(super) fn body(reply: &[u8]) -> Decoder<'_> {
     assert_eq!(reply[20..24], [0, 0, 0, 0], "accept_stat SUCCESS");
     Decoder::new(&reply[24..])
 }
 
 /// fattr3's type, mode, uid and fileid, skipping the rest.
-fn attr(d: &mut Decoder<'_>) -> (u32, u32, u32, u64) {
+pub(super) fn attr(d: &mut Decoder<'_>) -> (u32, u32, u32, u64) {
     let (t, mode, _nlink, uid, _gid) = (
         d.u32().unwrap(),
         d.u32().unwrap(),
@@ -42,7 +52,7 @@ fn attr(d: &mut Decoder<'_>) -> (u32, u32, u32, u64) {
     (t, mode, uid, fileid)
 }
 
-fn args(parts: &[&[u8]], tail: &[u32]) -> Vec<u8> {
+pub(super) fn args(parts: &[&[u8]], tail: &[u32]) -> Vec<u8> {
     let mut e = Encoder::new();
     for p in parts {
         e.opaque(p);
@@ -67,8 +77,8 @@ async fn getattr_lookup_access_and_the_facts_of_the_filesystem() {
         .unwrap();
     let d = Dispatcher::new(
         vec![
-            Arc::new(MountProgram::new(fs.clone(), vec!["/".into()])),
-            Arc::new(Nfs3Program::new(fs.clone())),
+            Arc::new(MountProgram::new(fs.clone(), crate::whole(&fs))),
+            Arc::new(Nfs3Program::new(fs.clone(), crate::whole(&fs))),
         ],
         1 << 16,
     );
@@ -119,7 +129,7 @@ async fn getattr_lookup_access_and_the_facts_of_the_filesystem() {
         .await
         .unwrap();
     assert_eq!(body(&r).u32(), Ok(NFS3ERR_NOENT.0));
-    let private_fh = handle::encode(&fs, &private);
+    let private_fh = encode(&fs, &private);
     let r = d
         .reply(&call(
             5,
@@ -169,7 +179,7 @@ async fn getattr_lookup_access_and_the_facts_of_the_filesystem() {
 
     // WRITE UNSTABLE answers UNSTABLE with the verifier; COMMIT answers the same verifier;
     // FILE_SYNC answers FILE_SYNC. READ gives the bytes back.
-    let nfs3 = Nfs3Program::new(fs.clone());
+    let nfs3 = Nfs3Program::new(fs.clone(), crate::whole(&fs));
     let verifier = nfs3.verifier();
     let d2 = Dispatcher::new(vec![Arc::new(nfs3)], 1 << 16);
     for (xid, stable, want) in [
@@ -225,8 +235,8 @@ async fn getattr_lookup_access_and_the_facts_of_the_filesystem() {
     assert_eq!(
         d2.reply(&call(24, NFS_PROGRAM, 7, 0, &a.into_bytes()))
             .await
-            .unwrap(),
-        rpc::accepted(24, AcceptStat::GarbageArgs, &[])
+            .unwrap()[4..],
+        rpc::accepted(24, AcceptStat::GarbageArgs, &[])[4..]
     );
     let mut a = Encoder::new();
     a.opaque(&file_fh)
@@ -251,27 +261,30 @@ async fn getattr_lookup_access_and_the_facts_of_the_filesystem() {
     assert_eq!(
         d.reply(&call(10, NFS_PROGRAM, 4, 0, &args(&[&file_fh], &[])))
             .await
-            .unwrap(),
-        rpc::accepted(10, AcceptStat::GarbageArgs, &[])
+            .unwrap()[4..],
+        rpc::accepted(10, AcceptStat::GarbageArgs, &[])[4..]
     );
 }
 
-fn dirop(dir: &[u8], name: &[u8]) -> Encoder {
+pub(super) fn dirop(dir: &[u8], name: &[u8]) -> Encoder {
     let mut e = Encoder::new();
     e.opaque(dir).opaque(name);
     e
 }
 
 /// An empty sattr3 (nothing set).
-fn no_sattr(e: &mut Encoder) {
+pub(super) fn no_sattr(e: &mut Encoder) {
     e.u32(0).u32(0).u32(0).u32(0).u32(0).u32(0);
 }
 
 #[tokio::test]
 async fn create_mkdir_rename_remove_and_setattr() {
     let fs = crate::memory_fs().await;
-    let root_fh = handle::encode(&fs, &fs.getattr(ROOT_INO).await.unwrap());
-    let d = Dispatcher::new(vec![Arc::new(Nfs3Program::new(fs.clone()))], 1 << 16);
+    let root_fh = encode(&fs, &fs.getattr(ROOT_INO).await.unwrap());
+    let d = Dispatcher::new(
+        vec![Arc::new(Nfs3Program::new(fs.clone(), crate::whole(&fs)))],
+        1 << 16,
+    );
     let status = |r: &[u8]| u32::from_be_bytes(r[24..28].try_into().unwrap());
 
     // GUARDED creates, then refuses an existing name.
