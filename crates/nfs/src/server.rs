@@ -60,6 +60,20 @@ enum Cached {
     Done(Arc<Vec<u8>>),
 }
 
+/// The cache entry of a call running; dropped before the call finished, it removes it.
+struct Running<'a> {
+    replies: &'a Mutex<lru::LruCache<CallKey, Cached>>,
+    key: Option<CallKey>,
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        if let Some(key) = self.key.take() {
+            self.replies.lock().pop(&key);
+        }
+    }
+}
+
 /// The programs one port serves (NFS and MOUNT share it: no portmapper is needed).
 pub struct Dispatcher {
     programs: Vec<Arc<dyn Program>>,
@@ -116,7 +130,14 @@ impl Dispatcher {
                 }
             }
         }
+        // Should the call never finish (its task dropped), its entry goes, so that a resend
+        // runs it rather than wait forever for a reply that will not come.
+        let mut running = Running {
+            replies: &self.replies,
+            key: Some(key),
+        };
         let reply = Self::run(p.as_ref(), &call).await;
+        let key = running.key.take().expect("set above");
         self.replies
             .lock()
             .put(key, Cached::Done(Arc::new(reply.clone())));
@@ -365,9 +386,14 @@ mod tests {
         });
         assert_eq!(slow.unwrap()[24..], 4u32.to_be_bytes());
         assert_eq!(copy, None);
+        // A call given up before it finished leaves nothing behind: its resend runs.
+        let twelve = unframe(count(12, 200));
+        let gave_up = tokio::time::timeout(Duration::from_millis(20), d.reply(&twelve)).await;
+        assert!(gave_up.is_err());
+        assert_eq!(d.reply(&twelve).await.unwrap()[24..], 5u32.to_be_bytes());
         // Idempotent procedures are not kept.
-        let echo = unframe(call(12, 400_000, 1, 1, None, &0u32.to_be_bytes()));
+        let echo = unframe(call(13, 400_000, 1, 1, None, &0u32.to_be_bytes()));
         d.reply(&echo).await.unwrap();
-        assert!(d.replies.lock().iter().all(|((_, xid, _), _)| *xid != 12));
+        assert!(d.replies.lock().iter().all(|((_, xid, _), _)| *xid != 13));
     }
 }
