@@ -75,6 +75,10 @@ pub struct Tuning {
     /// Adjacent frames of one log object are fetched with one ranged GET while the gap between
     /// them is at most this many bytes.
     pub read_coalesce_gap_bytes: u64,
+    /// A read that starts where the last read of the same inode ended has the next this many
+    /// bytes fetched while its client handles it (engine/readahead.rs); 0 turns readahead off.
+    /// Two 1 MiB requests ahead keep one client's sequential READs from waiting on the store.
+    pub readahead_bytes: u64,
     /// A merge of the metadata runs is cut into parts of about this many bytes of entries: what
     /// a merge holds in memory at once, and what one part's upload carries.
     pub run_part_bytes: u64,
@@ -113,6 +117,7 @@ impl Default for Tuning {
             reseal_extents_max: 65536,
             repack_extents_per_object: 112,
             read_coalesce_gap_bytes: 64 * 1024,
+            readahead_bytes: 2 << 20,
             run_part_bytes: 64 << 20,
             run_merge_bytes_per_checkpoint: 256 << 20,
             delta_runs_per_merge: 4,
@@ -192,8 +197,9 @@ impl Tuning {
         }
         if self.write_behind_gathered_bytes > PENDING_BYTES_MAX as u64
             || self.read_coalesce_gap_bytes > (PENDING_BYTES_MAX + EXTENT_SIZE_BYTES) as u64
+            || self.readahead_bytes > PENDING_BYTES_MAX as u64
         {
-            return Err("tuning.write_behind_gathered_bytes and tuning.read_coalesce_gap_bytes must be at most 64 MiB".into());
+            return Err("tuning.write_behind_gathered_bytes, tuning.read_coalesce_gap_bytes and tuning.readahead_bytes must be at most 64 MiB".into());
         }
         Ok(())
     }

@@ -209,6 +209,31 @@ impl Engine {
     }
 
     pub async fn read(&self, ino: u64, offset: u64, length: usize) -> Result<Vec<u8>, EngineError> {
+        use futures::FutureExt;
+        let ahead = self.inner.tuning.readahead_bytes;
+        if ahead > 0 && length > 0 {
+            let end = offset.saturating_add(length as u64);
+            let plan = self.inner.readahead.plan(ino, offset, end, ahead);
+            for (from, to) in plan.fetch {
+                // Each piece is a task of its own, so it goes on when this read is dropped; its
+                // failure is not this read's (the read below fetches what it lacks itself).
+                let engine = self.clone();
+                let task = tokio::spawn(async move {
+                    let length = (to - from) as usize;
+                    let _ = engine
+                        .ride_out_reads(|| engine.read_current(ino, from, length))
+                        .await;
+                });
+                let done = async move {
+                    let _ = task.await;
+                }
+                .boxed();
+                self.inner.readahead.started(ino, from, to, done);
+            }
+            for fetch in plan.wait {
+                fetch.await;
+            }
+        }
         self.ride_out_reads(|| self.read_current(ino, offset, length))
             .await
     }

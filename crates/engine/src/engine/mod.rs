@@ -23,6 +23,7 @@ mod options;
 mod outage;
 mod overlay;
 mod pins;
+mod readahead;
 mod recovery;
 mod seal;
 mod stats;
@@ -102,6 +103,8 @@ struct Inner {
     superblock_format_1: AtomicBool,
     /// Decoded blocks of the metadata runs (`[cache] metadata_bytes_max`).
     block_cache: Arc<BlockCache>,
+    /// Sequential readers, and the fetches under way ahead of them.
+    readahead: readahead::Readahead,
     /// The named checkpoints, which the collector leaves alone.
     pins: Mutex<Pins>,
     /// When the last log object was committed (`Inner::epoch` + this many microseconds).

@@ -321,6 +321,7 @@ impl Engine {
                 pins: Mutex::new(pins),
                 superblock_format_1: AtomicBool::new(format_version == 1),
                 block_cache,
+                readahead: Default::default(),
                 last_commit_us: AtomicU64::new(0),
                 repacked_uncollected: AtomicBool::new(false),
                 epoch: tokio::time::Instant::now(),

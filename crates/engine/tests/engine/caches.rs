@@ -90,3 +90,100 @@ async fn run_blocks_evicted_from_memory_come_from_the_disk_cache_not_the_bucket(
     // Without it, evicted blocks are fetched again (the test would see a broken disk tier).
     assert!(without > 100, "run GETs without the disk cache: {without}");
 }
+
+/// Counts the bytes of log objects (extent data) that reach the bucket.
+struct LogReads {
+    inner: SharedBucket,
+    bytes: AtomicU64,
+}
+
+#[async_trait]
+impl Bucket for LogReads {
+    async fn put(&self, key: &str, data: Bytes, mode: PutMode) -> Result<(), StoreError> {
+        self.inner.put(key, data, mode).await
+    }
+    async fn get(&self, key: &str) -> Result<Bytes, StoreError> {
+        let data = self.inner.get(key).await?;
+        if key.starts_with("log/") {
+            self.bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
+        }
+        Ok(data)
+    }
+    async fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes, StoreError> {
+        if key.starts_with("log/") {
+            self.bytes
+                .fetch_add(range.end - range.start, Ordering::Relaxed);
+        }
+        self.inner.get_range(key, range).await
+    }
+    async fn delete(&self, key: &str, mode: DeleteMode) -> Result<(), StoreError> {
+        self.inner.delete(key, mode).await
+    }
+    async fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, StoreError> {
+        self.inner.list(prefix).await
+    }
+}
+
+/// A reader that goes front to back a piece at a time finds the pieces after the one it reads
+/// already on their way: after two reads, more than two pieces have been fetched, before it
+/// asks for the third. Nothing is fetched twice, and every byte reads back as written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sequential_reads_are_fetched_ahead_once() {
+    const PIECE: usize = 256 << 10;
+    const PIECES: usize = 16;
+    let w = world();
+    // Incompressible, so bytes fetched stand for bytes of file.
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let data: Vec<u8> = (0..PIECE * PIECES)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    // Written and flushed by one engine; read by another, whose memory holds none of it.
+    let e = crate::common::open(&w).await;
+    e.write(3, 0, data.len() as u64, bucketfs_engine::Fill::Data(&data))
+        .await
+        .unwrap();
+    e.close().await.unwrap();
+    let mut opts = EngineOptions::for_tests("pw");
+    opts.disk_cache_bytes_max = 0;
+    opts.tuning.readahead_bytes = (2 * PIECE) as u64;
+    let (bucket, opts) = w.writer(opts);
+    let counted = Arc::new(LogReads {
+        inner: bucket,
+        bytes: AtomicU64::new(0),
+    });
+    let e = Engine::open(counted.clone(), opts).await.unwrap();
+    let fetched = || counted.bytes.load(Ordering::Relaxed);
+    let mut read = Vec::new();
+    for i in 0..2 {
+        read.extend(e.read(3, (i * PIECE) as u64, PIECE).await.unwrap());
+    }
+    // The second read was sequential: the third and fourth pieces are fetched without a read.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while fetched() < (3 * PIECE) as u64 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "nothing fetched ahead of two sequential reads: {} bytes for {} read",
+            fetched(),
+            2 * PIECE
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    for i in 2..PIECES {
+        read.extend(e.read(3, (i * PIECE) as u64, PIECE).await.unwrap());
+    }
+    assert!(read == data, "what was read differs from what was written");
+    // Pieces fetched ahead are not fetched again by the reads that wanted them (at most the
+    // readahead past the end, which reads nothing, and the frames' own bytes on top).
+    let most = (data.len() + data.len() / 10) as u64;
+    assert!(
+        fetched() <= most,
+        "{} bytes fetched to read {}",
+        fetched(),
+        data.len()
+    );
+}
