@@ -26,6 +26,7 @@ mod pins;
 mod recovery;
 mod seal;
 mod stats;
+mod timing;
 mod txn;
 mod write_behind;
 
@@ -38,6 +39,7 @@ pub use outage::{OutageSide, StoreOutage};
 pub use pins::{check_checkpoint_name, CheckpointInfo};
 pub use recovery::change_password;
 pub use stats::EngineStats;
+pub use timing::{BarrierLatency, BarrierPart};
 pub use txn::{Expect, Txn};
 
 use barrier::{SealCtl, Sealed, UploadCtl, Waiting};
@@ -46,6 +48,7 @@ use collector::Repack;
 use overlay::{Batch, Dirty, Found, State};
 use pins::Pins;
 use stats::Counters;
+use timing::{BarrierTimes, PartTimes};
 
 use crate::bucket::{DeleteMode, PutMode, SharedBucket, StoreError};
 use crate::cache::{DiskCache, Space};
