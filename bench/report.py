@@ -16,6 +16,9 @@ Figures per pgbench run (DIR/pgbench/TARGET.SCALE.WORKLOAD.{log,meta.json,tx.jso
   cost             object-store requests and bytes (from `bucketfs status` before and after)
                    per 1,000 transactions and per GiB written to the block device (the loop
                    device's own write counter)
+  barriers         bucketfs targets: the client flush barriers of the run, whole and per part,
+                   count, mean, p50, p99 (from `bucketfs metrics` before and after; the
+                   quantiles interpolated within histogram buckets, as PromQL does)
 Figures per fio job (DIR/fio/TARGET.JOB.{json,meta.json}): IOPS, MiB/s, completion-latency
 percentiles, vs local (IOPS / local IOPS), object-store requests per GiB the job moved.
 Charts need matplotlib; without it the report has tables only (and says so).
@@ -29,6 +32,9 @@ import os
 import statistics
 import sys
 import re
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+import prom_text  # noqa: E402  (tests/prom_text.py: the exposition format, the breakdown)
 
 WORKLOADS = ["init", "rw-sync", "rw-async", "ro"]
 WORKLOAD_TITLES = {
@@ -200,6 +206,9 @@ def load_pgbench_run(meta_path):
     if delta is not None:
         run["object_store"] = delta
         run["cost"] = cost(delta, run.get("transactions"), (run.get("device") or {}).get("write_bytes"))
+    if os.path.exists(base + ".metrics-after.prom"):
+        with open(base + ".metrics-before.prom") as b, open(base + ".metrics-after.prom") as a:
+            run["barriers"] = prom_text.breakdown(b.read(), a.read())
     return run
 
 
@@ -385,6 +394,23 @@ def tables(res):
                  "vs local: IOPS / local IOPS; per GiB: object-store requests per GiB the job wrote "
                  "(write jobs) or read (read jobs)"]
         out.append((title, header, rows, notes))
+    barrier_rows = []
+    for r in res["pgbench"]:
+        parts = {p["part"]: p for p in r.get("barriers") or []}
+        if not parts.get("barrier", {}).get("count"):
+            continue
+        cell = lambda p: "%s/%s" % (fmt_ms(parts[p]["p50_ms"]), fmt_ms(parts[p]["p99_ms"]))
+        barrier_rows.append([labels.get(r["target"], r["target"]), "%s %s" % (r["scale_name"], r["workload"]),
+                             str(parts["barrier"]["count"]), fmt_ms(parts["barrier"]["mean_ms"])]
+                            + [cell(p) for p in ["barrier"] + prom_text.PARTS + ["(PUT requests)"]])
+    if barrier_rows:
+        header = ["target", "run", "barriers", "mean ms", "whole"] + prom_text.PARTS + ["PUT req"]
+        title = "flush barriers per part, ms p50/p99 (bucketfs targets; `bucketfs metrics` before and after each run)"
+        notes = ["client barriers only (NBD FLUSH and FUA); each part has one observation per barrier, "
+                 "zero where the barrier did not go through it; quantiles interpolated within the "
+                 "histogram's buckets (1, 1.5, 2, 3, 5, 7 per decade); PUT req: every PUT request of "
+                 "the run, barrier or not; docs/0008-metrics.md says where each part begins and ends"]
+        out.append((title, header, barrier_rows, notes))
     cost_rows = cost_table_rows(res)
     if cost_rows:
         header = ["target", "run", "device written", "PUT/1k tx", "GET/1k tx", "LIST/1k tx",

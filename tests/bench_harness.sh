@@ -12,7 +12,7 @@
 #        s3:   local, bucketfs-s3, and a peer NBD server given as a command (nbdkit memory)
 #      then: results.json has every pgbench run and fio job with its figures (TPS, latency
 #      percentiles, per-second series, ratio to local, CPU per transaction, object-store cost for
-#      bucketfs targets),
+#      bucketfs targets, and the flush barriers per part from `bucketfs metrics`),
 #      the CSVs have rows, charts/*.png are PNGs, report.html embeds every chart (base64), the
 #      terminal table names every target, the proxy saw the S3 traffic, and bench/compare runs.
 #   3. (file backend) bench/rounds 2 --tiny --no-fio over local and bucketfs-file: the second
@@ -199,8 +199,17 @@ for t in targets:
                 check(c.get("per_1k_tx") is not None, "%s %s: cost per 1k tx" % (t, w))
             if w in ("init", "rw-sync"):
                 check(c["requests"]["put"] > 0, "%s %s: no PUT counted" % (t, w))
+            b = {p["part"]: p for p in r.get("barriers") or []}
+            check(set(b) == {"barrier", "checkpoint_hold", "seal_wait", "seal", "upload_wait", "put",
+                             "commit", "outage_wait", "(PUT requests)"}, "%s %s: barrier parts %s" % (t, w, sorted(b)))
+            if w == "rw-sync" and b:
+                n = b["barrier"]["count"]
+                check(n > 0 and b["barrier"]["p99_ms"] is not None, "%s rw-sync: no barriers %s" % (t, b["barrier"]))
+                check(all(b[p]["count"] == n for p in b if p != "(PUT requests)"),
+                      "%s rw-sync: a part without one observation per barrier: %s" % (t, b))
         else:
             check(r.get("cost") is None, "%s %s: cost on a target without counters" % (t, w))
+            check(r.get("barriers") is None, "%s %s: barriers on a target without metrics" % (t, w))
     fio = {r["job"]: r for r in res["fio"] if r["target"] == t}
     for j in jobs:
         r = fio.get(j)
@@ -240,6 +249,8 @@ for t in targets:
     label = res["labels"][t]
     check(label in html and label in table, "target %s missing from the table or report" % label)
 check("vs local" in table and "p99 ms" in table, "table.txt lacks the ratio or latency columns")
+if nb:
+    check("flush barriers per part" in table and "upload_wait" in table, "table.txt lacks the barrier table")
 
 if "bucketfs-s3-lat" in targets:
     proxies = [p["stats"] for p in res["s3proxy"]]

@@ -22,14 +22,28 @@ const ADMIN_SOCKET_MODE: u32 = 0o600;
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum Request {
-    Create { name: String, size_bytes: u64 },
+    Create {
+        name: String,
+        size_bytes: u64,
+    },
     List,
-    Resize { name: String, size_bytes: u64 },
-    Delete { name: String },
+    Resize {
+        name: String,
+        size_bytes: u64,
+    },
+    Delete {
+        name: String,
+    },
     Status,
-    CheckpointCreate { name: String },
+    CheckpointCreate {
+        name: String,
+    },
     CheckpointList,
-    CheckpointDelete { name: String },
+    CheckpointDelete {
+        name: String,
+    },
+    /// The text of `/metrics` (docs/0008-metrics.md), as a JSON string.
+    Metrics,
 }
 
 /// A request line: the request, and over TCP the token.
@@ -185,6 +199,9 @@ impl Admin {
                     .map_err(|e| e.to_string())?;
                 serde_json::Value::Null
             }
+            Request::Metrics => serde_json::Value::String(
+                crate::metrics::Sample::take(&self.counts, self.fs.engine()).render(),
+            ),
             Request::Status => serde_json::json!({
                 "object_store": self.counts.counts(),
                 "engine": self.fs.engine().stats(),

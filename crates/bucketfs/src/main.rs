@@ -3,6 +3,7 @@
 
 mod admin;
 mod exports;
+mod metrics;
 mod mount;
 mod run;
 mod tls;
@@ -78,6 +79,12 @@ enum Command {
     },
     /// Print the running server's counters as JSON.
     Status {
+        #[arg(short, long)]
+        config: Option<PathBuf>,
+    },
+    /// Print the running server's metrics in Prometheus' text format: what GET /metrics on
+    /// admin.metrics_listen answers.
+    Metrics {
         #[arg(short, long)]
         config: Option<PathBuf>,
     },
@@ -216,6 +223,7 @@ async fn admin_call(config: Option<&PathBuf>, request: admin::Request) -> Result
             "{}",
             serde_json::to_string_pretty(&reply).unwrap_or_default()
         ),
+        admin::Request::Metrics => print!("{}", reply.as_str().unwrap_or_default()),
         _ => {}
     }
     Ok(())
@@ -402,6 +410,9 @@ fn main() -> ExitCode {
                 }
             }
             Command::Status { config } => admin_call(config.as_ref(), admin::Request::Status).await,
+            Command::Metrics { config } => {
+                admin_call(config.as_ref(), admin::Request::Metrics).await
+            }
             Command::ChangePassword { config } => change_password(config.as_ref()).await,
             Command::Fsck {
                 config,

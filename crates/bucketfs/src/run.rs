@@ -132,7 +132,16 @@ pub async fn run(
             .await
             .map_err(|e| format!("admin.listen {addr}: {e}"))?;
         tracing::info!(%addr, "serving the admin endpoint over TCP (requests need admin.token)");
-        tokio::spawn(admin.serve_tcp(l, token.clone()));
+        tokio::spawn(admin.clone().serve_tcp(l, token.clone()));
+    }
+    if let Some(addr) = cfg.admin.metrics_listen {
+        let l = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| format!("admin.metrics_listen {addr}: {e}"))?;
+        tracing::info!(%addr, "serving GET /metrics (Prometheus text format, no authentication)");
+        let (counts, engine) = (admin.counts.clone(), engine.clone());
+        let sample = Arc::new(move || crate::metrics::Sample::take(&counts, &engine));
+        tokio::spawn(crate::metrics::serve(l, sample));
     }
 
     let tls_mode = cfg.servers.nbd.tls_mode();

@@ -12,6 +12,7 @@ mod extent_buffers;
 mod frame;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
+pub mod histogram;
 mod lease;
 pub mod limits;
 mod logobj;
@@ -23,9 +24,9 @@ mod tuning;
 
 pub use crypto::{KdfCost, KeyError, FORMAT_VERSION};
 pub use engine::{
-    change_password, check_checkpoint_name, prefix_end, CheckpointInfo, Engine, EngineError,
-    EngineOptions, EngineStats, Expect, Fill, FsckProblem, FsckReport, KvChange, OutageSide,
-    StoreOutage, Txn, SUPERBLOCK_KEY,
+    change_password, check_checkpoint_name, prefix_end, BarrierLatency, BarrierPart,
+    CheckpointInfo, Engine, EngineError, EngineOptions, EngineStats, Expect, Fill, FsckProblem,
+    FsckReport, KvChange, OutageSide, StoreOutage, Txn, SUPERBLOCK_KEY,
 };
 pub use frame::Codec;
 pub use lease::LeaseError;

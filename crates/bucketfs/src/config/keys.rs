@@ -380,6 +380,17 @@ const DECLARED: &[Key] = &[
          least 16 characters. It travels in clear text, so keep admin.listen on a trusted \
          network.",
     ),
+    // Off by default: Prometheus needs an address in its own config anyway, and a default
+    // port would clash between a writer and a checkpoint reader on one machine.
+    key(
+        "admin.metrics_listen",
+        One(check_socket_address),
+        Example("\"127.0.0.1:10811\""),
+        "Serve GET /metrics in Prometheus' text format on this TCP address: object-store \
+         requests, bytes and latency, flush barrier latency and its parts, cache hits and \
+         misses. No authentication, so keep it on loopback or a trusted network. Unset: no \
+         HTTP listener; `bucketfs metrics` prints the same text through the admin socket.",
+    ),
 ];
 
 pub(super) const SECTIONS: &[Section] = &[

@@ -212,6 +212,8 @@ pub struct AdminConfig {
     /// TCP in addition to the socket; set together with `token` (checked).
     pub listen: Option<SocketAddr>,
     pub token: Option<String>,
+    /// HTTP, GET /metrics only (crates/bucketfs/src/metrics.rs).
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 /// The TLS mode of the NBD server.
@@ -411,6 +413,12 @@ impl Config {
                  travels over it in clear text"
             ));
         }
+        if let Some(address) = self.admin.metrics_listen.filter(|a| !a.ip().is_loopback()) {
+            warnings.push(format!(
+                "admin.metrics_listen: {address} is not a loopback address, and /metrics has \
+                 no authentication: anyone who can reach it sees how busy the server is"
+            ));
+        }
         if self.storage.url.starts_with("memory://") {
             warnings.push(
                 "storage.url: memory:// keeps everything in this process; it is all lost when \
@@ -501,6 +509,23 @@ impl Config {
                     format!(
                         "{admin} clashes with {nbd} in servers.nbd.listen; give the admin \
                          endpoint a port of its own"
+                    ),
+                ));
+            }
+        }
+        if let Some(metrics) = self.admin.metrics_listen {
+            let clash = listen
+                .iter()
+                .map(|a| (a, "servers.nbd.listen"))
+                .chain(ninep.iter().map(|a| (a, "servers.ninep.listen")))
+                .chain(nfs.iter().map(|a| (a, "servers.nfs.listen")))
+                .chain(self.admin.listen.iter().map(|a| (a, "admin.listen")))
+                .find(|(a, _)| addresses_clash(a, &metrics));
+            if let Some((other, key)) = clash {
+                return Err(invalid(
+                    "admin.metrics_listen",
+                    format!(
+                        "{metrics} clashes with {other} in {key}; give /metrics a port of its own"
                     ),
                 ));
             }
@@ -654,6 +679,7 @@ impl fmt::Debug for AdminConfig {
             .field("socket", &self.socket)
             .field("listen", &self.listen)
             .field("token", &redact(&self.token))
+            .field("metrics_listen", &self.metrics_listen)
             .finish()
     }
 }

@@ -144,7 +144,7 @@ fn init_template_lists_every_key_and_its_examples_are_valid() {
         .iter()
         .filter(|leaf| !leaf.starts_with("tuning."))
         .count();
-    assert_eq!(untuned, 37);
+    assert_eq!(untuned, 38);
     for leaf in leaves {
         assert!(lookup(&table, leaf).is_some(), "the template lacks {leaf}");
     }
@@ -275,6 +275,7 @@ fn full_file_sets_every_field() {
         socket = "/tmp/admin.sock"
         listen = "[::1]:20810"
         token = "${TOKEN}"
+        metrics_listen = "127.0.0.1:20811"
         [tuning]
         log_objects_per_checkpoint_min = 4
     "#;
@@ -366,6 +367,7 @@ fn full_file_sets_every_field() {
             socket: Some(PathBuf::from("/tmp/admin.sock")),
             listen: Some("[::1]:20810".parse().unwrap()),
             token: Some("0123456789abcdefXYZ".to_string()),
+            metrics_listen: Some("127.0.0.1:20811".parse().unwrap()),
         },
         tuning: Tuning {
             log_objects_per_checkpoint_min: 4,
@@ -499,7 +501,8 @@ fn unknown_nested_key_is_named_with_its_dotted_path() {
     );
     assert_eq!(
         error("admin = { listen = \"127.0.0.1:1\", port = 2 }\n"),
-        "bucketfs.toml: unknown key `admin.port` (expected one of: socket, listen, token)"
+        "bucketfs.toml: unknown key `admin.port` (expected one of: socket, listen, token, \
+         metrics_listen)"
     );
 }
 
@@ -758,6 +761,19 @@ fn listeners_that_cannot_all_bind_are_errors() {
         "bucketfs.toml: admin.listen: 127.0.0.1:10809 clashes with 127.0.0.1:10809 in \
          servers.nbd.listen; give the admin endpoint a port of its own"
     );
+    assert_eq!(
+        error("[servers.nbd]\nlisten = [\"0.0.0.0:10811\"]\n[admin]\nmetrics_listen = \"127.0.0.1:10811\"\n"),
+        "bucketfs.toml: admin.metrics_listen: 127.0.0.1:10811 clashes with 0.0.0.0:10811 in \
+         servers.nbd.listen; give /metrics a port of its own"
+    );
+    assert_eq!(
+        error(
+            "[admin]\nlisten = \"127.0.0.1:10810\"\ntoken = \"0123456789abcdef\"\n\
+             metrics_listen = \"127.0.0.1:10810\"\n"
+        ),
+        "bucketfs.toml: admin.metrics_listen: 127.0.0.1:10810 clashes with 127.0.0.1:10810 in \
+         admin.listen; give /metrics a port of its own"
+    );
     // Port 0 asks for any free port, so it never clashes (tests rely on this).
     parse(
         "[servers.nbd]\nlisten = [\"127.0.0.1:0\", \"[::1]:0\"]\n[admin]\nlisten = \"127.0.0.1:0\"\n\
@@ -967,14 +983,18 @@ fn debug_output_redacts_secrets() {
 fn exposure_warnings_for_public_listeners_and_memory_storage() {
     let config = parse(
         "[storage]\nurl = \"memory://\"\n[servers.nbd]\nlisten = [\"0.0.0.0:10809\"]\n\
-         [admin]\nlisten = \"192.168.1.5:10810\"\ntoken = \"0123456789abcdef\"\n",
+         [admin]\nlisten = \"192.168.1.5:10810\"\ntoken = \"0123456789abcdef\"\n\
+         metrics_listen = \"[::]:10811\"\n",
     )
     .unwrap();
     let warnings = config.exposure_warnings();
-    assert_eq!(warnings.len(), 3, "{warnings:?}");
+    assert_eq!(warnings.len(), 4, "{warnings:?}");
     assert!(warnings[0].starts_with("servers.nbd.listen: 0.0.0.0:10809 is not a loopback"));
     assert!(warnings[1].starts_with("admin.listen: 192.168.1.5:10810 is not a loopback"));
-    assert!(warnings[2].starts_with("storage.url: memory://"));
+    assert!(warnings[2].starts_with("admin.metrics_listen: [::]:10811 is not a loopback"));
+    assert!(warnings[3].starts_with("storage.url: memory://"));
+    let loopback = parse("[admin]\nmetrics_listen = \"127.0.0.1:10811\"\n").unwrap();
+    assert!(loopback.exposure_warnings().is_empty());
 }
 
 // --- TLS, the allow-list and the admin endpoint ---------------------------------------------

@@ -11,7 +11,7 @@ mod local;
 mod retry;
 mod store;
 
-pub use counting::{CountingBucket, RequestCounts};
+pub use counting::{CountingBucket, OpStats, RequestCounts, StoreOp};
 pub use crashable::{CrashableBucket, FreezePlan};
 pub use faults::{Fault, FaultyBucket};
 pub use local::LocalBucket;

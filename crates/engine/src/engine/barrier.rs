@@ -111,7 +111,8 @@ impl Engine {
         self.inner.tasks.spawn(async move {
             engine.wait_for_checkpoint().await;
             let target = engine.inner.state.read().write_gen;
-            engine.seal_pending(target, Waiting::Engine).await;
+            let mut untimed = PartTimes::default();
+            engine.seal_pending(target, Waiting::Engine, &mut untimed).await;
             engine
                 .inner
                 .background_flush
@@ -120,7 +121,7 @@ impl Engine {
             if pending as u64 >= engine.inner.tuning.dirty_bytes_flush_start {
                 engine.kick_background_flush();
             }
-            if let Err(e) = engine.upload_queued(target).await {
+            if let Err(e) = engine.upload_queued(target, &mut untimed).await {
                 tracing::error!(error = %e, "background flush failed; unflushed writes stay in memory and are retried");
             }
         });
@@ -130,9 +131,17 @@ impl Engine {
     /// Concurrent callers share uploads (group commit). A client's barrier (NBD FLUSH, FUA, an
     /// admin change): it counts towards the cadence that turns write-behind on.
     pub async fn flush(&self) -> Result<(), EngineError> {
+        let started = tokio::time::Instant::now();
         self.inner.barrier_cadence.note();
         self.wait_for_checkpoint().await;
-        self.barrier(Waiting::Client).await
+        let mut parts = PartTimes::default();
+        parts.add(BarrierPart::CheckpointHold, started);
+        let result = self.timed_barrier(Waiting::Client, &mut parts).await;
+        self.inner
+            .counters
+            .barrier_times
+            .record(started.elapsed(), &parts);
+        result
     }
 
     /// Holds a client's barrier, or write-behind, while a checkpoint runs and the log since the
@@ -165,6 +174,15 @@ impl Engine {
     /// The barrier itself: a client's (through `flush`, which also counts it towards the
     /// cadence) or the engine's own; `waiting` says whose, and so which codec seals it.
     pub(super) async fn barrier(&self, waiting: Waiting) -> Result<(), EngineError> {
+        self.timed_barrier(waiting, &mut PartTimes::default()).await
+    }
+
+    /// `barrier`, adding the time of each of its parts to `parts`.
+    pub(super) async fn timed_barrier(
+        &self,
+        waiting: Waiting,
+        parts: &mut PartTimes,
+    ) -> Result<(), EngineError> {
         if self.inner.read_only {
             return Ok(());
         }
@@ -182,14 +200,16 @@ impl Engine {
                 break Err(EngineError::Poisoned(why.clone()));
             }
             let attempt_started = tokio::time::Instant::now();
-            self.seal_pending(target, waiting).await;
-            match self.upload_queued(target).await {
+            self.seal_pending(target, waiting, parts).await;
+            match self.upload_queued(target, parts).await {
                 Ok(()) => {}
                 Err(EngineError::Store(StoreError::Transient(why))) => {
                     match self.outage_wait(OutageSide::Uploads, attempt_started, &why, retries) {
                         Some(wait) => {
                             retries += 1;
+                            let sleeping = tokio::time::Instant::now();
                             tokio::time::sleep(wait).await;
+                            parts.add(BarrierPart::OutageWait, sleeping);
                         }
                         None => break Err(EngineError::Store(StoreError::Transient(why))),
                     }
@@ -206,9 +226,11 @@ impl Engine {
     }
 
     /// Stage one: unless a queued batch already covers `target`, freeze the pending batch, seal
-    /// it and queue it.
-    pub(super) async fn seal_pending(&self, target: u64, waiting: Waiting) {
+    /// it and queue it. `parts` gets the time waited for the seal lock and the time sealing.
+    pub(super) async fn seal_pending(&self, target: u64, waiting: Waiting, parts: &mut PartTimes) {
+        let locking = tokio::time::Instant::now();
         let mut ctl = self.inner.seal.lock().await;
+        let freezing = parts.add(BarrierPart::SealWait, locking);
         let frozen_gen = self.inner.queue.lock().back().map(|s| s.gen);
         if frozen_gen.is_some_and(|g| g >= target)
             || self.inner.durable_gen.load(Ordering::Acquire) >= target
@@ -260,13 +282,19 @@ impl Engine {
         if codec == Codec::Lz4 {
             c.flushes_lz4.fetch_add(1, Ordering::Relaxed);
         }
+        parts.add(BarrierPart::Seal, freezing);
     }
 
     /// Stage two: upload and commit queued objects in order until `target` is durable.
     /// Every caller waiting when an upload fails gets the error (and decides, in `barrier`,
     /// whether to wait out an outage): were it handed to one of them only, a barrier could wait
     /// without end behind others that keep retrying (the engine's periodic flush does).
-    pub(super) async fn upload_queued(&self, target: u64) -> Result<(), EngineError> {
+    /// `parts` gets the time of the PUTs run here, of the commits, and of the waits between.
+    pub(super) async fn upload_queued(
+        &self,
+        target: u64,
+        parts: &mut PartTimes,
+    ) -> Result<(), EngineError> {
         let failures = self.inner.upload_failures.load(Ordering::Acquire);
         loop {
             if self.inner.durable_gen.load(Ordering::Acquire) >= target {
@@ -276,10 +304,14 @@ impl Engine {
             tokio::pin!(stored);
             stored.as_mut().enable();
             if let Some((seq, object)) = self.start_uploads() {
+                let putting = tokio::time::Instant::now();
                 self.run_upload(seq, object).await;
+                parts.add(BarrierPart::Put, putting);
             }
             {
+                let locking = tokio::time::Instant::now();
                 let mut ctl = self.inner.upload.lock().await;
+                let committing = parts.add(BarrierPart::UploadWait, locking);
                 loop {
                     let front = self.inner.queue.lock().front().map(|s| s.upload.clone());
                     match front {
@@ -298,9 +330,13 @@ impl Engine {
                             self.inner.committed_notify.notify_waiters();
                         }
                         Some(_) => break,
-                        None => return Ok(()),
+                        None => {
+                            parts.add(BarrierPart::Commit, committing);
+                            return Ok(());
+                        }
                     }
                 }
+                parts.add(BarrierPart::Commit, committing);
             }
             if self.inner.durable_gen.load(Ordering::Acquire) >= target {
                 return Ok(());
@@ -312,7 +348,9 @@ impl Engine {
             if let Some(why) = &*self.inner.poisoned.lock() {
                 return Err(EngineError::Poisoned(why.clone()));
             }
+            let waiting = tokio::time::Instant::now();
             stored.await;
+            parts.add(BarrierPart::UploadWait, waiting);
         }
     }
 

@@ -282,6 +282,12 @@ impl Engine {
             }
             (st.commit_gen, st.committed.base().clone())
         };
+        if !found.is_empty() {
+            self.inner
+                .counters
+                .memory_cache_hits
+                .fetch_add(found.len() as u64, Ordering::Relaxed);
+        }
         for index in in_base {
             match base.extent(ino, index).await {
                 Ok(Some(ptr)) => missing.push((index, ptr)),
@@ -290,6 +296,10 @@ impl Engine {
             }
         }
         if !missing.is_empty() {
+            self.inner
+                .counters
+                .memory_cache_misses
+                .fetch_add(missing.len() as u64, Ordering::Relaxed);
             let fetched = self
                 .fetch(ino, &missing)
                 .await
@@ -362,6 +372,13 @@ impl Engine {
                     .map(Bytes::from)
             })
             .collect();
+        if self.inner.disk_cache.is_some() {
+            let hits = frames.iter().filter(|f| f.is_some()).count() as u64;
+            let c = &self.inner.counters;
+            c.disk_cache_hits.fetch_add(hits, Ordering::Relaxed);
+            c.disk_cache_misses
+                .fetch_add(frames.len() as u64 - hits, Ordering::Relaxed);
+        }
         if frames.iter().any(|f| f.is_none()) {
             let lo = group
                 .iter()

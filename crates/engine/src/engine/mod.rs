@@ -27,6 +27,7 @@ mod readahead;
 mod recovery;
 mod seal;
 mod stats;
+mod timing;
 mod txn;
 mod write_behind;
 
@@ -39,6 +40,7 @@ pub use outage::{OutageSide, StoreOutage};
 pub use pins::{check_checkpoint_name, CheckpointInfo};
 pub use recovery::change_password;
 pub use stats::EngineStats;
+pub use timing::{BarrierLatency, BarrierPart};
 pub use txn::{Expect, Txn};
 
 use barrier::{SealCtl, Sealed, UploadCtl, Waiting};
@@ -47,6 +49,7 @@ use collector::Repack;
 use overlay::{Batch, Dirty, Found, State};
 use pins::Pins;
 use stats::Counters;
+use timing::{BarrierTimes, PartTimes};
 
 use crate::bucket::{DeleteMode, PutMode, SharedBucket, StoreError};
 use crate::cache::{DiskCache, Space};

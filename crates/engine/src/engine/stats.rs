@@ -41,9 +41,22 @@ pub struct EngineStats {
     /// what re-sealing has yet to reach, at most.
     pub live_bytes_in_lz4_objects: u64,
     pub pending_bytes: u64,
+    /// Sealed log objects not yet stored in the bucket (waiting for, or in, their upload),
+    /// and their bytes: with `pending_bytes`, what a crash now would lose of the writes no
+    /// barrier has returned for.
+    pub upload_queue_objects: u64,
+    pub upload_queue_bytes: u64,
     pub extents: u64,
     pub memory_cache_extents: u64,
+    /// Extents that reads found in memory (written and not yet flushed, or in the memory
+    /// tier), and those they had to fetch (from the disk tier or the bucket).
+    pub memory_cache_hits: u64,
+    pub memory_cache_misses: u64,
     pub disk_cache_bytes: u64,
+    /// Frames that fetches found in the disk tier, and those they had to GET from the bucket
+    /// (both zero without a disk tier: over `file://`).
+    pub disk_cache_hits: u64,
+    pub disk_cache_misses: u64,
     /// Decoded run blocks held by the metadata cache (`[cache] metadata_bytes_max`).
     pub metadata_cache_bytes: u64,
     pub metadata_cache_hits: u64,
@@ -87,6 +100,11 @@ pub(super) struct Counters {
     pub(super) bottom_parts_merged: AtomicU64,
     pub(super) bottom_sweeps_finished: AtomicU64,
     pub(super) delta_runs_merged: AtomicU64,
+    pub(super) memory_cache_hits: AtomicU64,
+    pub(super) memory_cache_misses: AtomicU64,
+    pub(super) disk_cache_hits: AtomicU64,
+    pub(super) disk_cache_misses: AtomicU64,
+    pub(super) barrier_times: BarrierTimes,
 }
 
 impl Engine {
@@ -103,6 +121,11 @@ impl Engine {
 
     pub fn stats(&self) -> EngineStats {
         let c = &self.inner.counters;
+        let (upload_queue_objects, upload_queue_bytes) = {
+            let queue = self.inner.queue.lock();
+            let bytes = queue.iter().map(|s| s.object.len() as u64).sum();
+            (queue.len() as u64, bytes)
+        };
         let st = self.inner.state.read();
         EngineStats {
             barriers: c.barriers.load(Ordering::Relaxed),
@@ -123,9 +146,15 @@ impl Engine {
             repack_sweeps_started: c.repack_sweeps_started.load(Ordering::Relaxed),
             live_bytes_in_lz4_objects: st.committed.live().live_bytes_in_lz4_objects(),
             pending_bytes: st.pending.data_bytes() as u64,
+            upload_queue_objects,
+            upload_queue_bytes,
             extents: st.committed.live().extent_count(),
             memory_cache_extents: st.clean.len() as u64,
+            memory_cache_hits: c.memory_cache_hits.load(Ordering::Relaxed),
+            memory_cache_misses: c.memory_cache_misses.load(Ordering::Relaxed),
             disk_cache_bytes: self.inner.disk_cache.as_ref().map_or(0, |c| c.bytes()),
+            disk_cache_hits: c.disk_cache_hits.load(Ordering::Relaxed),
+            disk_cache_misses: c.disk_cache_misses.load(Ordering::Relaxed),
             metadata_cache_bytes: self.inner.block_cache.bytes(),
             metadata_cache_hits: self.inner.block_cache.hits(),
             metadata_cache_misses: self.inner.block_cache.misses(),

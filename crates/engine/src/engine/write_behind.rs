@@ -63,8 +63,10 @@ impl Engine {
                 .counters
                 .write_behind_flushes
                 .fetch_add(1, Ordering::Relaxed);
-            self.seal_pending(target, Waiting::Client).await;
-            if let Err(e) = self.upload_queued(target).await {
+            let mut untimed = PartTimes::default();
+            self.seal_pending(target, Waiting::Client, &mut untimed)
+                .await;
+            if let Err(e) = self.upload_queued(target, &mut untimed).await {
                 tracing::error!(error = %e, "write-behind flush failed; the writes stay in memory and the next flush retries");
                 return None;
             }

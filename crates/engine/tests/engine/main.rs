@@ -10,5 +10,6 @@ mod common;
 mod compaction;
 mod fsck;
 mod local_bucket;
+mod metrics;
 mod outage;
 mod txn;
