@@ -56,8 +56,8 @@ run_case() {
     # Served read-only beside the writer, on its own ports.
     reader_config="$CASE_DIR/reader.toml"
     local reader_nbd
-    reader_nbd="$(pick_unused_port)"
-    sed -e "s/127.0.0.1:$NBD_PORT/127.0.0.1:$reader_nbd/" -e "s/127.0.0.1:$NINEP_PORT/127.0.0.1:$(pick_unused_port)/" "$CONFIG" >"$reader_config"
+    config_on_new_ports "$CONFIG" "$reader_config"
+    reader_nbd="$READER_NBD_PORT"
     # Its own admin socket: the default one is in the cache directory it shares with the writer.
     config_set "$reader_config" admin socket "\"$CASE_DIR/reader-admin.sock\""
     "$BUCKETFS" run -c "$reader_config" --checkpoint before-b >"$CASE_DIR/reader.log" 2>&1 &

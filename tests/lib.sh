@@ -395,6 +395,17 @@ bfs() {
     timeout "$BUCKETFS_CLIENT_TIMEOUT" "$BUCKETFS" "$@" -c "$CONFIG"
 }
 
+# Writes to DST a copy of the config SRC (from make_config) whose NBD, 9P and NFS listeners
+# are on free ports of their own, for a second server beside the first; the NBD port is
+# READER_NBD_PORT.
+config_on_new_ports() {
+    local src="$1" dst="$2"
+    READER_NBD_PORT="$(pick_unused_port)"
+    sed -e "s/127.0.0.1:$NBD_PORT\b/127.0.0.1:$READER_NBD_PORT/" \
+        -e "s/127.0.0.1:$NINEP_PORT\b/127.0.0.1:$(pick_unused_port)/" \
+        -e "s/127.0.0.1:$NFS_PORT\b/127.0.0.1:$(pick_unused_port)/" "$src" >"$dst"
+}
+
 _port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 start_bucketfs() {

@@ -129,9 +129,9 @@ run_case() {
 
     # --- 3. serve the checkpoint beside the live server and copy it -------------------------
     reader_config="$CASE_DIR/reader/bucketfs.toml"
-    reader_nbd=$(pick_unused_port)
     mkdir -p "$CASE_DIR/reader"
-    sed -e "s/127.0.0.1:$NBD_PORT/127.0.0.1:$reader_nbd/" -e "s/127.0.0.1:$NINEP_PORT/127.0.0.1:$(pick_unused_port)/" "$CONFIG" >"$reader_config"
+    config_on_new_ports "$CONFIG" "$reader_config"
+    reader_nbd=$READER_NBD_PORT
     # Its own cache directory: a server empties its cache directory when it starts (and keeps
     # its admin socket there).
     config_set "$reader_config" cache dir "\"$CASE_DIR/reader/cache\""

@@ -34,7 +34,7 @@ run_case() {
     # start): the writer is not refused, since read-only opens take no writer lock.
     start_bucketfs "$CONFIG"
     reader_config="$CASE_DIR/reader.toml"
-    sed -e "s/127.0.0.1:$NBD_PORT/127.0.0.1:$(pick_unused_port)/" -e "s/127.0.0.1:$NINEP_PORT/127.0.0.1:$(pick_unused_port)/" "$CONFIG" >"$reader_config"
+    config_on_new_ports "$CONFIG" "$reader_config"
     # Its own admin socket: the default one is in the cache directory it shares with the writer.
     config_set "$reader_config" admin socket "\"$CASE_DIR/reader-admin.sock\""
     "$BUCKETFS" run -c "$reader_config" --read-only >"$CASE_DIR/reader.log" 2>&1 &
