@@ -6,7 +6,6 @@
 use crate::mount::{MOUNT_PROGRAM, MOUNT_V3};
 use crate::nfs3::{NFS_PROGRAM, NFS_V3};
 use crate::record::{frame, read_record};
-use crate::rpc::{AUTH_NONE, AUTH_SYS};
 use crate::xdr::{Decoder, Encoder};
 use std::io;
 use tokio::io::AsyncWriteExt;
@@ -81,20 +80,16 @@ impl Client {
         procedure: u32,
         args: &[u8],
     ) -> Vec<u8> {
-        let mut cred = Encoder::new();
-        cred.u32(0)
-            .opaque(b"bucketfs-test")
-            .u32(self.uid)
-            .u32(self.gid)
-            .u32(0);
-        let mut e = Encoder::new();
-        e.u32(xid).u32(0).u32(2).u32(prog).u32(vers).u32(procedure);
-        e.u32(AUTH_SYS)
-            .opaque(&cred.into_bytes())
-            .u32(AUTH_NONE)
-            .opaque(&[])
-            .raw(args);
-        e.into_bytes()
+        crate::rpc::encode_call(
+            xid,
+            prog,
+            vers,
+            procedure,
+            b"bucketfs-test",
+            self.uid,
+            self.gid,
+            args,
+        )
     }
 
     /// Sends a call record as it is and returns the reply record whole.

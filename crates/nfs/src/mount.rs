@@ -168,26 +168,12 @@ impl Program for MountProgram {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rpc::{self, AUTH_NONE};
+    use crate::rpc;
     use crate::server::Dispatcher;
     use bucketfs_fs::{Caller, S_IFDIR, S_IFREG};
 
     fn call(xid: u32, procedure: u32, uid: u32, args: &[u8]) -> Vec<u8> {
-        let mut cred = Encoder::new();
-        cred.u32(0).opaque(b"host-a").u32(uid).u32(uid).u32(0);
-        let mut e = Encoder::new();
-        e.u32(xid)
-            .u32(0)
-            .u32(2)
-            .u32(MOUNT_PROGRAM)
-            .u32(3)
-            .u32(procedure);
-        e.u32(AUTH_SYS)
-            .opaque(&cred.into_bytes())
-            .u32(AUTH_NONE)
-            .opaque(&[])
-            .raw(args);
-        e.into_bytes()
+        rpc::encode_call(xid, MOUNT_PROGRAM, 3, procedure, b"host-a", uid, uid, args)
     }
 
     fn path(p: &[u8]) -> Vec<u8> {

@@ -72,6 +72,36 @@ pub enum Refusal {
     Reply(Vec<u8>),
 }
 
+/// A call record with AUTH_SYS credentials (no supplementary groups), as a client sends it:
+/// for the test client and the tests.
+#[allow(clippy::too_many_arguments)]
+pub fn encode_call(
+    xid: u32,
+    prog: u32,
+    vers: u32,
+    procedure: u32,
+    machine: &[u8],
+    uid: u32,
+    gid: u32,
+    args: &[u8],
+) -> Vec<u8> {
+    let mut cred = Encoder::new();
+    cred.u32(0).opaque(machine).u32(uid).u32(gid).u32(0);
+    let mut e = Encoder::new();
+    e.u32(xid)
+        .u32(CALL)
+        .u32(RPC_VERSION)
+        .u32(prog)
+        .u32(vers)
+        .u32(procedure);
+    e.u32(AUTH_SYS)
+        .opaque(&cred.into_bytes())
+        .u32(AUTH_NONE)
+        .opaque(&[])
+        .raw(args);
+    e.into_bytes()
+}
+
 /// Reads a record as a call. A refusal names the RPC error the caller gets.
 pub fn decode_call(record: &[u8]) -> Result<Call<'_>, Refusal> {
     let mut d = Decoder::new(record);

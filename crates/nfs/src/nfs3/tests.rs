@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::mount::MountProgram;
-use crate::rpc::{self, AUTH_NONE, AUTH_SYS};
+use crate::rpc;
 use crate::server::Dispatcher;
 use crate::status::{NFS3ERR_ACCES, NFS3ERR_BADHANDLE, NFS3ERR_NOENT};
 use bucketfs_fs::{ROOT_INO, S_IFDIR, S_IFREG};
@@ -13,16 +13,7 @@ use bucketfs_fs::{ROOT_INO, S_IFDIR, S_IFREG};
 pub(super) fn call(xid: u32, prog: u32, procedure: u32, uid: u32, args: &[u8]) -> Vec<u8> {
     static SEQUENCE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
     let xid = xid | SEQUENCE.fetch_add(1, std::sync::atomic::Ordering::Relaxed) << 16;
-    let mut cred = Encoder::new();
-    cred.u32(0).opaque(b"host").u32(uid).u32(uid).u32(0);
-    let mut e = Encoder::new();
-    e.u32(xid).u32(0).u32(2).u32(prog).u32(3).u32(procedure);
-    e.u32(AUTH_SYS)
-        .opaque(&cred.into_bytes())
-        .u32(AUTH_NONE)
-        .opaque(&[])
-        .raw(args);
-    e.into_bytes()
+    rpc::encode_call(xid, prog, 3, procedure, b"host", uid, uid, args)
 }
 
 /// A handle under the default export.
