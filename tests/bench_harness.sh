@@ -285,7 +285,8 @@ run_bench() { # run_bench NAME TARGETS [BENCH_RUN_ARG...]
     fi
     grep -q '^\[ *[0-9]*/[0-9]* [0-9:]* elapsed, ~[0-9:]* left\]' "$TEST_DIR/$name.out" ||
         die "bench/run printed no progress lines"
-    sed -n '/^== pgbench/,$p' "$TEST_DIR/$name.out" | head -n 40 >&2
+    # awk reads to the end, so no SIGPIPE fails the pipeline however long the tables grow.
+    awk '/^== pgbench/ { on = 1 } on && shown++ < 40' "$TEST_DIR/$name.out" >&2
     # shellcheck disable=SC2086 # one argument per target
     check_outputs "$results" ${targets//,/ } || die "bench/run --tiny ($targets): outputs incomplete"
     "$REPO_ROOT/bench/compare" "$results" "$results" >"$TEST_DIR/$name.compare" ||
