@@ -4,7 +4,7 @@
 //! carry the configured token (`{"op": "status", "token": "..."}`).
 
 use crate::exports::fs_error_message;
-use bucketfs_engine::bucket::CountingBucket;
+use bucketfs_engine::bucket::{CountingBucket, JournaledBucket};
 use bucketfs_fs::Fs;
 use serde::{Deserialize, Serialize};
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
@@ -67,6 +67,7 @@ struct Reply {
 pub struct Admin {
     pub fs: Arc<Fs>,
     pub counts: Arc<CountingBucket>,
+    pub journal: Arc<JournaledBucket>,
 }
 
 /// What a connection must show before its requests are served.
@@ -200,12 +201,14 @@ impl Admin {
                 serde_json::Value::Null
             }
             Request::Metrics => serde_json::Value::String(
-                crate::metrics::Sample::take(&self.counts, self.fs.engine()).render(),
+                crate::metrics::Sample::take(&self.counts, self.fs.engine(), &self.journal)
+                    .render(),
             ),
             Request::Status => serde_json::json!({
                 "object_store": self.counts.counts(),
                 "engine": self.fs.engine().stats(),
                 "store_outage": self.fs.engine().store_outage(),
+                "journal": journal_status(&self.journal),
                 "block_devices": self.fs.block_devices().await.map_err(fs_error_message)?.into_iter().map(device).collect::<Vec<_>>(),
             }),
         })
@@ -323,6 +326,19 @@ pub async fn call(path: &Path, request: &Request) -> Result<serde_json::Value, S
     } else {
         Err(reply.error)
     }
+}
+
+/// The journal tier's backlog as `bucketfs status` shows it; null without a journal.
+fn journal_status(journal: &JournaledBucket) -> serde_json::Value {
+    if !journal.journaling() {
+        return serde_json::Value::Null;
+    }
+    let b = journal.backlog();
+    serde_json::json!({
+        "backlog_objects": b.objects,
+        "backlog_bytes": b.bytes,
+        "backlog_seconds": b.oldest.as_secs_f64(),
+    })
 }
 
 #[cfg(test)]

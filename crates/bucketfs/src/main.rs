@@ -52,6 +52,10 @@ enum Command {
         /// Serve this named checkpoint, read-only, beside or instead of the writer.
         #[arg(long, value_name = "NAME")]
         checkpoint: Option<String>,
+        /// Start even though the journal this bucket was last written through
+        /// ([storage.journal]) is missing: writes only that journal held are lost.
+        #[arg(long)]
+        accept_journal_loss: bool,
     },
     /// Named checkpoints of the running server: the state as of a moment, kept until deleted.
     #[command(subcommand)]
@@ -240,7 +244,7 @@ async fn change_password(config: Option<&PathBuf>) -> Result<(), String> {
     if new.is_empty() {
         return Err("the new password (read from standard input) is empty".into());
     }
-    let (bucket, _) = run::open_bucket(&cfg)?;
+    let (bucket, _, _) = run::open_bucket(&cfg, false)?;
     bucketfs_engine::change_password(&bucket, &old, new)
         .await
         .map_err(|e| e.to_string())?;
@@ -252,7 +256,7 @@ async fn change_password(config: Option<&PathBuf>) -> Result<(), String> {
 async fn fsck(config: Option<&PathBuf>, json: bool, repair: bool) -> Result<bool, String> {
     let cfg = load_config(config)?;
     let password = run::password(&cfg, config.is_some())?;
-    let (bucket, _) = run::open_bucket(&cfg)?;
+    let (bucket, _, _) = run::open_bucket(&cfg, false)?;
     let opts = run::engine_options(&cfg, password, !repair);
     let engine = match bucketfs_engine::Engine::open(bucket, opts).await {
         Ok(e) => e,
@@ -355,7 +359,16 @@ fn main() -> ExitCode {
                 config,
                 read_only,
                 checkpoint,
-            } => run::run(config.as_ref(), read_only, checkpoint.as_deref()).await,
+                accept_journal_loss,
+            } => {
+                run::run(
+                    config.as_ref(),
+                    read_only,
+                    checkpoint.as_deref(),
+                    accept_journal_loss,
+                )
+                .await
+            }
             Command::Checkpoint(CheckpointCommand::Create { name, config }) => {
                 admin_call(config.as_ref(), admin::Request::CheckpointCreate { name }).await
             }

@@ -4,7 +4,7 @@
 //! atomics (bucketfs_engine::histogram); a scrape reads them once and writes them out with the
 //! Prometheus project's client library.
 
-use bucketfs_engine::bucket::{CountingBucket, OpStats, StoreOp};
+use bucketfs_engine::bucket::{CountingBucket, JournalBacklog, JournaledBucket, OpStats, StoreOp};
 use bucketfs_engine::histogram::{HistogramSnapshot, BUCKET_BOUNDS_US};
 use bucketfs_engine::limits::EXTENT_SIZE_BYTES_U64;
 use bucketfs_engine::{BarrierLatency, Engine, EngineStats};
@@ -35,14 +35,16 @@ pub struct Sample {
     pub store: [OpStats; StoreOp::ALL.len()],
     pub barriers: BarrierLatency,
     pub engine: EngineStats,
+    pub journal: JournalBacklog,
 }
 
 impl Sample {
-    pub fn take(store: &CountingBucket, engine: &Engine) -> Sample {
+    pub fn take(store: &CountingBucket, engine: &Engine, journal: &JournaledBucket) -> Sample {
         Sample {
             store: store.op_stats(),
             barriers: engine.barrier_latency(),
             engine: engine.stats(),
+            journal: journal.backlog(),
         }
     }
 
@@ -293,6 +295,30 @@ impl Collector for Sample {
         for (name, help, value) in gauges {
             single(e, name, help, Gauge, |m| gauge(m, value))?;
         }
+        let j = &self.journal;
+        let journal = [
+            (
+                "bucketfs_journal_backlog_objects",
+                "Changes acknowledged by the journal tier ([storage.journal]) and not yet in the \
+                 bucket (0 without a journal).",
+                j.objects,
+            ),
+            (
+                "bucketfs_journal_backlog_bytes",
+                "Bytes of the objects acknowledged by the journal tier and not yet in the bucket.",
+                j.bytes,
+            ),
+        ];
+        for (name, help, value) in journal {
+            single(e, name, help, Gauge, |m| gauge(m, value))?;
+        }
+        single(
+            e,
+            "bucketfs_journal_backlog_seconds",
+            "Age of the oldest change acknowledged by the journal tier and not yet in the bucket.",
+            Gauge,
+            |m| m.encode_gauge(&j.oldest.as_secs_f64()),
+        )?;
         Ok(())
     }
 }
@@ -404,6 +430,11 @@ mod tests {
                 pending_bytes: 4096,
                 ..EngineStats::default()
             },
+            journal: JournalBacklog {
+                objects: 2,
+                bytes: 8192,
+                oldest: Duration::from_millis(1500),
+            },
         }
     }
 
@@ -461,6 +492,9 @@ mod tests {
         has("bucketfs_cache_bytes{tier=\"memory\"} 24576");
         has("# TYPE bucketfs_pending_bytes gauge");
         has("bucketfs_pending_bytes 4096");
+        has("# TYPE bucketfs_journal_backlog_bytes gauge");
+        has("bucketfs_journal_backlog_bytes 8192");
+        has("bucketfs_journal_backlog_seconds 1.5");
 
         // Every family is described once, before its samples, and every sample line is
         // `name{labels} value`.

@@ -3,7 +3,9 @@
 use crate::admin::Admin;
 use crate::config::{Compression, Config};
 use crate::exports::BlockDevices;
-use bucketfs_engine::bucket::{open_url, CountingBucket, RetryingBucket, SharedBucket};
+use bucketfs_engine::bucket::{
+    open_url, CountingBucket, JournalTier, JournaledBucket, RetryingBucket, SharedBucket,
+};
 use bucketfs_engine::{Codec, Engine, EngineOptions, KdfCost, TaskSet};
 use bucketfs_fs::Fs;
 use std::path::PathBuf;
@@ -63,12 +65,25 @@ fn store_options(cfg: &Config) -> Vec<(String, String)> {
     o
 }
 
-/// The bucket with its decorators: requests are counted (every attempt), then retried.
-pub fn open_bucket(cfg: &Config) -> Result<(SharedBucket, Arc<CountingBucket>), String> {
+/// The bucket with its decorators: requests are counted (every attempt), then retried, and
+/// the writer's changes go through the journal tier when `[storage.journal]` sets one (without
+/// one it still checks that the bucket names no journal).
+pub fn open_bucket(
+    cfg: &Config,
+    accept_journal_loss: bool,
+) -> Result<(SharedBucket, Arc<CountingBucket>, Arc<JournaledBucket>), String> {
     let store = open_url(&cfg.storage.url, &store_options(cfg))?;
     let counting = Arc::new(CountingBucket::new(store));
-    let bucket: SharedBucket = Arc::new(RetryingBucket::new(counting.clone()));
-    Ok((bucket, counting))
+    let retrying: SharedBucket = Arc::new(RetryingBucket::new(counting.clone()));
+    let journaled = Arc::new(JournaledBucket::new(
+        retrying,
+        JournalTier {
+            dir: cfg.storage.journal.path.clone(),
+            accept_loss: accept_journal_loss,
+            bucket_url: cfg.storage.url.clone(),
+        },
+    ));
+    Ok((journaled.clone(), counting, journaled))
 }
 
 /// The engine's options as the config sets them.
@@ -99,6 +114,7 @@ pub async fn run(
     config: Option<&PathBuf>,
     read_only: bool,
     checkpoint: Option<&str>,
+    accept_journal_loss: bool,
 ) -> Result<(), String> {
     let cfg = crate::load_config(config)?;
     for w in cfg.exposure_warnings() {
@@ -107,7 +123,10 @@ pub async fn run(
     // Certificates are read before the bucket is opened, so that a bad one fails at once.
     let policy = Arc::new(crate::tls::nbd_policy(&cfg.servers.nbd)?);
     let password = password(&cfg, config.is_some())?;
-    let (bucket, counting) = open_bucket(&cfg)?;
+    let (bucket, counting, journaled) = open_bucket(&cfg, accept_journal_loss)?;
+    if !read_only && checkpoint.is_none() {
+        tracing::info!("durability: {}", journaled.guarantee());
+    }
     let mut opts = engine_options(&cfg, password, read_only || checkpoint.is_some());
     opts.checkpoint = checkpoint.map(str::to_string);
     if let Some(name) = checkpoint {
@@ -123,6 +142,7 @@ pub async fn run(
     let admin = Arc::new(Admin {
         fs: fs.clone(),
         counts: counting,
+        journal: journaled,
     });
     let admin_socket = cfg.admin_socket();
     let admin_listener = crate::admin::bind_socket(&admin_socket)?;
@@ -139,8 +159,9 @@ pub async fn run(
             .await
             .map_err(|e| format!("admin.metrics_listen {addr}: {e}"))?;
         tracing::info!(%addr, "serving GET /metrics (Prometheus text format, no authentication)");
-        let (counts, engine) = (admin.counts.clone(), engine.clone());
-        let sample = Arc::new(move || crate::metrics::Sample::take(&counts, &engine));
+        let (counts, engine, journal) =
+            (admin.counts.clone(), engine.clone(), admin.journal.clone());
+        let sample = Arc::new(move || crate::metrics::Sample::take(&counts, &engine, &journal));
         tokio::spawn(crate::metrics::serve(l, sample));
     }
 

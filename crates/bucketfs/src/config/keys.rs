@@ -139,6 +139,17 @@ const DECLARED: &[Key] = &[
          unflushed data is full, then wait too. `bucketfs status` shows an outage under way.",
     ),
     key(
+        "storage.journal.path",
+        One(check_path),
+        Example("\"/var/lib/bucketfs/journal\""),
+        "A directory on a fast local disk for the journal tier: a flush (fsync) returns once \
+         its data is written there, and the bucket receives it in the background, in order. \
+         It survives a crash of the process and a power loss; losing this machine's disk \
+         loses what the bucket had not yet received. Unset: a flush waits for the bucket. \
+         A bucket written through a journal refuses to start without it (and says which) \
+         unless `bucketfs run --accept-journal-loss`. docs/0009-journal-tier.md.",
+    ),
+    key(
         "cache.dir",
         One(check_path),
         default("\"./bucketfs-cache\""),

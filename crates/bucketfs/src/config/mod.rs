@@ -86,6 +86,16 @@ pub struct StorageConfig {
     pub flush_interval_ms: u64,
     /// Always positive.
     pub outage_timeout_s: u64,
+    #[serde(default)]
+    pub journal: JournalConfig,
+}
+
+/// `[storage.journal]`: the journal tier (docs/0009-journal-tier.md).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JournalConfig {
+    /// A directory on a fast local disk; unset: no journal.
+    pub path: Option<PathBuf>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
@@ -635,6 +645,7 @@ impl fmt::Debug for StorageConfig {
             .field("compression", &self.compression)
             .field("flush_interval_ms", &self.flush_interval_ms)
             .field("outage_timeout_s", &self.outage_timeout_s)
+            .field("journal", &self.journal)
             .finish()
     }
 }

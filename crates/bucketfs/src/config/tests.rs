@@ -144,7 +144,7 @@ fn init_template_lists_every_key_and_its_examples_are_valid() {
         .iter()
         .filter(|leaf| !leaf.starts_with("tuning."))
         .count();
-    assert_eq!(untuned, 38);
+    assert_eq!(untuned, 39);
     for leaf in leaves {
         assert!(lookup(&table, leaf).is_some(), "the template lacks {leaf}");
     }
@@ -229,6 +229,8 @@ fn full_file_sets_every_field() {
         encryption_password = "${PW}"
         compression = "lz4"
         flush_interval_ms = 500
+        [storage.journal]
+        path = "/var/lib/bucketfs/journal"
         [cache]
         dir = "/var/cache/bucketfs"
         disk_bytes_max = 1099511627776
@@ -293,6 +295,9 @@ fn full_file_sets_every_field() {
             compression: Compression::Lz4,
             flush_interval_ms: 500,
             outage_timeout_s: 600,
+            journal: JournalConfig {
+                path: Some(PathBuf::from("/var/lib/bucketfs/journal")),
+            },
         },
         cache: CacheConfig {
             dir: PathBuf::from("/var/cache/bucketfs"),
@@ -482,7 +487,7 @@ fn unknown_nested_key_is_named_with_its_dotted_path() {
     assert_eq!(
         error("[storage]\ncompresion = \"lz4\"\n"),
         "bucketfs.toml: unknown key `storage.compresion` (expected one of: url, \
-         encryption_password, compression, flush_interval_ms, outage_timeout_s)"
+         encryption_password, compression, flush_interval_ms, outage_timeout_s, journal)"
     );
     assert_eq!(
         error("[servers.smb]\nlisten = []\n"),

@@ -10,6 +10,7 @@ pub(crate) mod journal;
 mod local;
 mod retry;
 mod store;
+mod tier;
 
 pub use counting::{CountingBucket, OpStats, RequestCounts, StoreOp};
 pub use crashable::{CrashableBucket, FreezePlan};
@@ -17,6 +18,9 @@ pub use faults::{Fault, FaultyBucket};
 pub use local::LocalBucket;
 pub use retry::{RetryLimits, RetryingBucket};
 pub use store::{open_object_store, ObjectStoreBucket, StoreOptions};
+pub use tier::{
+    JournalBacklog, JournalTier, JournaledBucket, JOURNAL_MARKER_KEY, JOURNAL_UPLOADS_IN_FLIGHT,
+};
 
 use async_trait::async_trait;
 use bytes::Bytes;

@@ -214,6 +214,12 @@ impl Engine {
         // gone: refuse to guess.
         let mut to_replay = to_replay;
         let mut known_logs = known_logs;
+        // Uploads from a journal tier run more at once (bucket/tier.rs); its marker says so.
+        let in_flight_max = match bucket.get(crate::bucket::JOURNAL_MARKER_KEY).await {
+            Ok(_) => UPLOADS_IN_FLIGHT_MAX.max(crate::bucket::JOURNAL_UPLOADS_IN_FLIGHT),
+            Err(StoreError::NotFound(_)) => UPLOADS_IN_FLIGHT_MAX,
+            Err(e) => return Err(e.into()),
+        };
         if let Some(gap) = to_replay
             .iter()
             .enumerate()
@@ -222,10 +228,10 @@ impl Engine {
             let orphans = to_replay.split_off(gap);
             let missing = checkpoint_seq + 1 + gap as u64;
             // Uploads in flight are the oldest uncommitted objects, so a crash leaves stored
-            // objects only within UPLOADS_IN_FLIGHT_MAX of the first missing one.
+            // objects only within `in_flight_max` of the first missing one.
             let beyond = orphans
                 .iter()
-                .filter(|(seq, _)| *seq >= missing + UPLOADS_IN_FLIGHT_MAX as u64)
+                .filter(|(seq, _)| *seq >= missing + in_flight_max as u64)
                 .count();
             if beyond > 0 {
                 return Err(EngineError::Corrupt(format!(

@@ -9,6 +9,7 @@ mod collector;
 mod common;
 mod compaction;
 mod fsck;
+mod journal_tier;
 mod local_bucket;
 mod metrics;
 mod outage;

@@ -1,0 +1,721 @@
+//! The journal tier (`[storage.journal]`, docs/0009-journal-tier.md): a bucket whose small
+//! create-only PUTs are acknowledged once a record of them is durable in a local journal, and
+//! reach the remote bucket afterwards, in order, in the background.
+//!
+//! Every change the writer makes to the remote bucket goes through one queue, in the order the
+//! engine made it, so the remote bucket alone always holds a state the engine passed through
+//! (up to `JOURNAL_UPLOADS_IN_FLIGHT` log objects that overtook a missing one, which open
+//! drops): a PUT starts once fewer than that many are in flight and nothing earlier on the same
+//! key is unfinished; a DELETE starts once every earlier PUT has finished (a checkpoint is in the
+//! bucket before the log objects it covers are deleted). A create-only PUT of up to
+//! `JOURNAL_OBJECT_BYTES_MAX` is acknowledged once journaled; every other change (overwrites,
+//! large objects, PUTs while the journal is full, durable deletes) is acknowledged once it is in
+//! the remote bucket. Garbage deletes are acknowledged at once.
+//!
+//! `journal.json` in the remote bucket says that a journal holds writes the bucket may lack; it
+//! is written before the first journaled PUT and deleted after a clean stop has emptied the
+//! queue. A writer that finds it but not the journal it names refuses to start, unless told to
+//! accept the loss.
+
+use super::journal::{Journal, Ticket, JOURNAL_OBJECT_BYTES_MAX};
+use super::{Bucket, DeleteMode, ObjectInfo, PutMode, SharedBucket, StoreError};
+use crate::lease::LOCK_KEY;
+use async_trait::async_trait;
+use bytes::Bytes;
+use parking_lot::Mutex;
+use std::collections::{BTreeMap, HashMap};
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{oneshot, Notify};
+
+/// The object in the remote bucket that names the journal holding writes it may lack.
+pub const JOURNAL_MARKER_KEY: &str = "journal.json";
+/// PUTs from the journal to the remote bucket in flight at once. Open accepts this many stored
+/// log objects after a missing one (they had overtaken it) when the marker is present.
+pub const JOURNAL_UPLOADS_IN_FLIGHT: usize = 16;
+/// A failed upload from the journal is tried again after this long, doubling up to the maximum:
+/// the journal holds the object, so it is retried without end.
+const RETRY_FIRST: Duration = Duration::from_millis(200);
+const RETRY_MAX: Duration = Duration::from_secs(10);
+
+/// What `[storage.journal]` and the command line say.
+#[derive(Debug, Clone)]
+pub struct JournalTier {
+    /// The journal's directory (a fast local disk); `None`: no journal, but a writer still
+    /// refuses a bucket whose marker names one.
+    pub dir: Option<PathBuf>,
+    /// `--accept-journal-loss`: start even if the journal the bucket names is missing.
+    pub accept_loss: bool,
+    /// The bucket's URL, recorded in the journal's directory so that it is never replayed into
+    /// another bucket.
+    pub bucket_url: String,
+}
+
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone, PartialEq, Eq)]
+struct Identity {
+    journal_id: String,
+    bucket: String,
+    host: String,
+    dir: String,
+    uploads_in_flight: usize,
+}
+
+/// How far the uploads from the journal lag behind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct JournalBacklog {
+    pub objects: u64,
+    pub bytes: u64,
+    /// Age of the oldest change not yet in the remote bucket.
+    pub oldest: Duration,
+}
+
+pub struct JournaledBucket {
+    remote: SharedBucket,
+    tier: JournalTier,
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    remote: SharedBucket,
+    journal: Mutex<Option<Arc<Journal>>>,
+    state: Mutex<State>,
+    /// Woken whenever an operation is queued or finishes.
+    changed: Notify,
+}
+
+#[derive(Default)]
+struct State {
+    /// Journaling: set by `begin_writing` once the marker is in the remote bucket.
+    active: bool,
+    next_id: u64,
+    /// Operations not finished, by queue order.
+    ops: BTreeMap<u64, Op>,
+    /// The first operation not yet started.
+    next_to_start: u64,
+    puts_in_flight: usize,
+    keys_in_flight: HashMap<String, usize>,
+    /// The newest unfinished change per key: the bytes a GET must see, or `None` once deleted.
+    newest: HashMap<String, (u64, Option<Bytes>)>,
+    backlog_bytes: u64,
+    /// A conflict that stops the uploads (a second writer).
+    failed: Option<String>,
+    /// The bucket was dropped: the uploader stops once nothing is running.
+    closed: bool,
+    /// The marker says only that log objects may be missing between stored ones (a journal's
+    /// loss was accepted); it is deleted at a clean stop.
+    loss_marker: bool,
+}
+
+struct Op {
+    key: String,
+    kind: OpKind,
+    queued: tokio::time::Instant,
+    /// Told when the operation is done, for callers acknowledged only then.
+    done: Option<oneshot::Sender<()>>,
+}
+
+enum OpKind {
+    Put {
+        data: Bytes,
+        mode: PutMode,
+        ticket: Option<Ticket>,
+    },
+    Delete(DeleteMode),
+}
+
+impl JournaledBucket {
+    pub fn new(remote: SharedBucket, tier: JournalTier) -> JournaledBucket {
+        let shared = Arc::new(Shared {
+            remote: remote.clone(),
+            journal: Mutex::new(None),
+            state: Mutex::new(State::default()),
+            changed: Notify::new(),
+        });
+        JournaledBucket {
+            remote,
+            tier,
+            shared,
+        }
+    }
+
+    /// The changes not yet in the remote bucket.
+    pub fn backlog(&self) -> JournalBacklog {
+        let st = self.shared.state.lock();
+        JournalBacklog {
+            objects: st.ops.len() as u64,
+            bytes: st.backlog_bytes,
+            oldest: st
+                .ops
+                .values()
+                .next()
+                .map(|op| op.queued.elapsed())
+                .unwrap_or_default(),
+        }
+    }
+
+    /// The guarantee a barrier gives with this configuration, as `bucketfs run` prints it.
+    pub fn guarantee(&self) -> String {
+        match &self.tier.dir {
+            None => "no journal: a flush returns once its data is in the bucket".into(),
+            Some(dir) => format!(
+                "journal in {}: a flush returns once its data is in the journal there (it survives a crash of this process and a power loss); the bucket receives it in the background, in order. Losing this machine's disk loses what the bucket had not yet received",
+                dir.display()
+            ),
+        }
+    }
+
+    fn journal_path(dir: &Path) -> PathBuf {
+        dir.join("journal")
+    }
+
+    fn identity_path(dir: &Path) -> PathBuf {
+        dir.join("journal.id")
+    }
+
+    async fn read_marker(&self) -> Result<Option<Identity>, StoreError> {
+        match self.remote.get(JOURNAL_MARKER_KEY).await {
+            Ok(body) => serde_json::from_slice(&body).map(Some).map_err(|e| {
+                StoreError::Permanent(format!(
+                    "{JOURNAL_MARKER_KEY} in the bucket is not valid: {e}"
+                ))
+            }),
+            Err(StoreError::NotFound(_)) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn loss(&self, marker: &Identity, why: &str) -> Result<(), StoreError> {
+        let msg = format!(
+            "this bucket was last written through the journal {} on {} (id {}), which may hold acknowledged writes the bucket lacks, but {why}. Start on that machine with that journal, or pass --accept-journal-loss to start from what the bucket holds (writes acknowledged only by that journal are then lost)",
+            marker.dir, marker.host, marker.journal_id
+        );
+        if self.tier.accept_loss {
+            tracing::warn!("{msg}; starting anyway (--accept-journal-loss)");
+            Ok(())
+        } else {
+            Err(StoreError::Permanent(msg))
+        }
+    }
+
+    /// Opens the journal (blocking I/O), uploads what it holds in order, and writes the marker.
+    async fn start_journal(&self, dir: &Path, marker: Option<Identity>) -> Result<(), StoreError> {
+        let io = |what: &str, e: std::io::Error| {
+            StoreError::Permanent(format!("journal {}: {what}: {e}", dir.display()))
+        };
+        std::fs::create_dir_all(dir).map_err(|e| io("creating the directory", e))?;
+        let local: Option<Identity> = match std::fs::read(Self::identity_path(dir)) {
+            Ok(body) => Some(serde_json::from_slice(&body).map_err(|e| {
+                StoreError::Permanent(format!(
+                    "{} is not valid: {e}",
+                    Self::identity_path(dir).display()
+                ))
+            })?),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(io("reading journal.id", e)),
+        };
+        if let Some(local) = &local {
+            if local.bucket != self.tier.bucket_url {
+                return Err(StoreError::Permanent(format!(
+                    "journal {} belongs to the bucket {}, not {}: give each bucket a journal directory of its own",
+                    dir.display(),
+                    local.bucket,
+                    self.tier.bucket_url
+                )));
+            }
+        }
+        let path = Self::journal_path(dir);
+        let (journal, records) = tokio::task::spawn_blocking(move || Journal::open(&path))
+            .await
+            .map_err(|e| StoreError::Permanent(format!("opening the journal: {e}")))?
+            .map_err(|e| io("opening", e))?;
+        let same = matches!((&marker, &local), (Some(m), Some(l)) if m.journal_id == l.journal_id);
+        if let Some(m) = marker.as_ref().filter(|m| !m.journal_id.is_empty()) {
+            if !same {
+                self.loss(
+                    m,
+                    &format!("the journal in {} is another one or new", dir.display()),
+                )?;
+            }
+        }
+        if same {
+            tracing::info!(
+                records = records.len(),
+                "uploading what the journal holds before opening the bucket"
+            );
+            // Distinct keys (a key used again was deleted durably, its record cleared first),
+            // so they may land in any order; open accepts the gaps that leaves if it stops.
+            use futures::{StreamExt, TryStreamExt};
+            futures::stream::iter(records)
+                .map(|r| upload_put(&self.remote, r.key, Bytes::from(r.data), PutMode::Create))
+                .buffer_unordered(JOURNAL_UPLOADS_IN_FLIGHT)
+                .try_collect::<()>()
+                .await?;
+        } else if !records.is_empty() {
+            // Records of a journal the bucket does not name: stale (its marker was given up).
+            tracing::warn!(
+                records = records.len(),
+                "the journal holds records of an earlier journal the bucket no longer names; discarding them"
+            );
+        }
+        let journal = tokio::task::spawn_blocking(move || journal.reset().map(|()| journal))
+            .await
+            .map_err(|e| StoreError::Permanent(format!("emptying the journal: {e}")))?
+            .map_err(|e| io("emptying", e))?;
+        let identity = match (same, local) {
+            (true, Some(l)) => l,
+            _ => Identity {
+                journal_id: format!("{:016x}", rand::random::<u64>()),
+                bucket: self.tier.bucket_url.clone(),
+                host: hostname(),
+                dir: dir.display().to_string(),
+                uploads_in_flight: JOURNAL_UPLOADS_IN_FLIGHT,
+            },
+        };
+        write_durably(
+            &Self::identity_path(dir),
+            &serde_json::to_vec_pretty(&identity).expect("serialises"),
+        )
+        .map_err(|e| io("writing journal.id", e))?;
+        // The marker first: no PUT is acknowledged by the journal before the bucket names it.
+        self.remote
+            .put(
+                JOURNAL_MARKER_KEY,
+                Bytes::from(serde_json::to_vec_pretty(&identity).expect("serialises")),
+                PutMode::Overwrite,
+            )
+            .await?;
+        *self.shared.journal.lock() = Some(Arc::new(journal));
+        self.shared.state.lock().active = true;
+        let shared = self.shared.clone();
+        tokio::spawn(async move { shared.run_uploads().await });
+        tracing::info!(dir = %dir.display(), "journal open: {}", self.guarantee());
+        Ok(())
+    }
+
+    /// Queues a change; returns a receiver when the caller must wait for it to reach the bucket.
+    fn enqueue(
+        &self,
+        key: &str,
+        kind: OpKind,
+        wait: bool,
+    ) -> Result<Option<oneshot::Receiver<()>>, StoreError> {
+        let mut st = self.shared.state.lock();
+        if let Some(why) = &st.failed {
+            return Err(StoreError::Permanent(why.clone()));
+        }
+        let id = st.next_id;
+        st.next_id += 1;
+        let seen = match &kind {
+            OpKind::Put { data, .. } => {
+                st.backlog_bytes += data.len() as u64;
+                Some(data.clone())
+            }
+            OpKind::Delete(_) => None,
+        };
+        st.newest.insert(key.to_string(), (id, seen));
+        let (tx, rx) = if wait {
+            let (tx, rx) = oneshot::channel();
+            (Some(tx), Some(rx))
+        } else {
+            (None, None)
+        };
+        st.ops.insert(
+            id,
+            Op {
+                key: key.to_string(),
+                kind,
+                queued: tokio::time::Instant::now(),
+                done: tx,
+            },
+        );
+        drop(st);
+        self.shared.changed.notify_waiters();
+        Ok(rx)
+    }
+
+    async fn wait_done(&self, rx: Option<oneshot::Receiver<()>>) -> Result<(), StoreError> {
+        if let Some(rx) = rx {
+            if rx.await.is_err() {
+                let why = self.shared.state.lock().failed.clone();
+                return Err(StoreError::Permanent(
+                    why.unwrap_or_else(|| "the journal's uploads stopped".into()),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn take_loss_marker(&self) -> bool {
+        std::mem::take(&mut self.shared.state.lock().loss_marker)
+    }
+
+    /// Whether changes go through a journal now (a writer with `[storage.journal]`, open).
+    pub fn journaling(&self) -> bool {
+        self.active()
+    }
+
+    fn active(&self) -> bool {
+        self.shared.state.lock().active
+    }
+
+    /// The newest queued change of `key`: `Some(Some(bytes))` put, `Some(None)` deleted.
+    fn newest(&self, key: &str) -> Option<Option<Bytes>> {
+        self.shared
+            .state
+            .lock()
+            .newest
+            .get(key)
+            .map(|(_, d)| d.clone())
+    }
+}
+
+impl Drop for JournaledBucket {
+    fn drop(&mut self) {
+        self.shared.state.lock().closed = true;
+        self.shared.changed.notify_waiters();
+    }
+}
+
+impl Shared {
+    /// Starts queued operations as the ordering rules allow, until the bucket is dropped.
+    async fn run_uploads(self: Arc<Self>) {
+        loop {
+            let notified = self.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            for (id, key, kind) in self.startable() {
+                let shared = self.clone();
+                tokio::spawn(async move { shared.run_op(id, key, kind).await });
+            }
+            if self.state.lock().closed {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// Marks the operations that may start now as started and returns what they need.
+    fn startable(&self) -> Vec<(u64, String, OpKind)> {
+        let mut st = self.state.lock();
+        let mut out = Vec::new();
+        if st.failed.is_some() {
+            return out;
+        }
+        loop {
+            let next = st.next_to_start;
+            let Some(op) = st.ops.get(&next) else {
+                // Ids of finished operations are gone; skip to the next queued one.
+                match st.ops.range(next..).next().map(|(id, _)| *id) {
+                    Some(id) => {
+                        st.next_to_start = id;
+                        continue;
+                    }
+                    None => {
+                        st.next_to_start = st.next_id;
+                        break;
+                    }
+                }
+            };
+            let may = match &op.kind {
+                OpKind::Put { .. } => {
+                    st.puts_in_flight < JOURNAL_UPLOADS_IN_FLIGHT
+                        && !st.keys_in_flight.contains_key(&op.key)
+                }
+                OpKind::Delete(_) => {
+                    st.puts_in_flight == 0 && !st.keys_in_flight.contains_key(&op.key)
+                }
+            };
+            if !may {
+                break;
+            }
+            let key = op.key.clone();
+            let kind = match &op.kind {
+                OpKind::Put { data, mode, .. } => OpKind::Put {
+                    data: data.clone(),
+                    mode: *mode,
+                    ticket: None,
+                },
+                OpKind::Delete(m) => OpKind::Delete(*m),
+            };
+            if matches!(kind, OpKind::Put { .. }) {
+                st.puts_in_flight += 1;
+            }
+            *st.keys_in_flight.entry(key.clone()).or_default() += 1;
+            st.next_to_start = next + 1;
+            out.push((next, key, kind));
+        }
+        out
+    }
+
+    async fn run_op(self: Arc<Self>, id: u64, key: String, kind: OpKind) {
+        let mut delay = RETRY_FIRST;
+        loop {
+            let result = match &kind {
+                OpKind::Put { data, mode, .. } => {
+                    upload_put(&self.remote, &key, data.clone(), *mode).await
+                }
+                OpKind::Delete(mode) => self.remote.delete(&key, *mode).await,
+            };
+            match result {
+                Ok(()) => break,
+                Err(StoreError::Permanent(why)) if why.contains("a second writer") => {
+                    tracing::error!(%key, "{why}; the journal's uploads stop");
+                    let mut st = self.state.lock();
+                    st.failed = Some(why);
+                    // Callers waiting are told (their senders are dropped).
+                    for op in st.ops.values_mut() {
+                        op.done = None;
+                    }
+                    return;
+                }
+                Err(e) => {
+                    tracing::error!(%key, error = %e, retry_in_ms = delay.as_millis() as u64, "upload from the journal failed; it stays in the journal and is tried again");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(RETRY_MAX);
+                }
+            }
+        }
+        self.finish(id, &key, kind).await;
+    }
+
+    /// The operation is in the remote bucket: free its journal record (durably before a
+    /// durable delete is acknowledged) and tell whoever waits.
+    async fn finish(&self, id: u64, key: &str, kind: OpKind) {
+        let journal = self.journal.lock().clone();
+        let ticket = {
+            let mut st = self.state.lock();
+            match st.ops.get_mut(&id).map(|op| &mut op.kind) {
+                Some(OpKind::Put { ticket, .. }) => ticket.take(),
+                _ => None,
+            }
+        };
+        if let (Some(journal), Some(ticket)) = (&journal, ticket) {
+            let j = journal.clone();
+            let released = tokio::task::spawn_blocking(move || j.release(vec![ticket])).await;
+            if !matches!(released, Ok(Ok(()))) {
+                tracing::warn!(%key, "could not clear a journal record whose object is in the bucket; a restart uploads it again");
+            }
+        }
+        if let (Some(journal), OpKind::Delete(DeleteMode::Durable)) = (&journal, &kind) {
+            // Earlier records of this key were cleared when their PUTs finished; make that
+            // durable, so that no restart brings the object back.
+            let j = journal.clone();
+            let _ = tokio::task::spawn_blocking(move || j.sync()).await;
+        }
+        let done = {
+            let mut st = self.state.lock();
+            let op = st.ops.remove(&id).expect("a running operation is queued");
+            if let OpKind::Put { data, .. } = &op.kind {
+                st.backlog_bytes -= data.len() as u64;
+                st.puts_in_flight -= 1;
+            }
+            if let Some(n) = st.keys_in_flight.get_mut(key) {
+                *n -= 1;
+                if *n == 0 {
+                    st.keys_in_flight.remove(key);
+                }
+            }
+            if st.newest.get(key).is_some_and(|(newest, _)| *newest == id) {
+                st.newest.remove(key);
+            }
+            op.done
+        };
+        if let Some(tx) = done {
+            let _ = tx.send(());
+        }
+        self.changed.notify_waiters();
+    }
+}
+
+/// A PUT to the remote bucket; a create-only one that finds the same bytes there (an earlier
+/// attempt landed, or a replay after a crash) has succeeded.
+async fn upload_put(
+    remote: &SharedBucket,
+    key: impl AsRef<str>,
+    data: Bytes,
+    mode: PutMode,
+) -> Result<(), StoreError> {
+    let key = key.as_ref();
+    match remote.put(key, data.clone(), mode).await {
+        Err(StoreError::AlreadyExists(_)) => match remote.get(key).await {
+            Ok(stored) if stored == data => Ok(()),
+            Ok(_) => Err(StoreError::Permanent(format!(
+                "{key} in the bucket differs from the journal's copy: a second writer is using this bucket"
+            ))),
+            Err(e) => Err(e),
+        },
+        other => other,
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "this machine".into())
+}
+
+/// Writes a small file so that it survives a crash: a staging file, fsync, rename, directory
+/// fsync.
+fn write_durably(path: &Path, body: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let staging = path.with_extension("new");
+    let mut f = std::fs::File::create(&staging)?;
+    f.write_all(body)?;
+    f.sync_all()?;
+    std::fs::rename(&staging, path)?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}
+
+#[async_trait]
+impl Bucket for JournaledBucket {
+    async fn put(&self, key: &str, data: Bytes, mode: PutMode) -> Result<(), StoreError> {
+        if !self.active() || key == LOCK_KEY || key == JOURNAL_MARKER_KEY {
+            return self.remote.put(key, data, mode).await;
+        }
+        if mode == PutMode::Create && matches!(self.newest(key), Some(Some(_))) {
+            return Err(StoreError::AlreadyExists(key.to_string()));
+        }
+        let journal = self.shared.journal.lock().clone();
+        let ticket = match (&journal, mode) {
+            (Some(j), PutMode::Create) if data.len() <= JOURNAL_OBJECT_BYTES_MAX => {
+                let (j, k, d) = (j.clone(), key.to_string(), data.clone());
+                tokio::task::spawn_blocking(move || j.append(&k, &d))
+                    .await
+                    .map_err(|e| StoreError::Transient(format!("journal append: {e}")))?
+                    .map_err(|e| StoreError::Transient(format!("journal append: {e}")))?
+            }
+            _ => None,
+        };
+        let journaled = ticket.is_some();
+        let rx = self.enqueue(key, OpKind::Put { data, mode, ticket }, !journaled)?;
+        self.wait_done(rx).await
+    }
+
+    async fn get(&self, key: &str) -> Result<Bytes, StoreError> {
+        match self.newest(key) {
+            Some(Some(data)) => Ok(data),
+            Some(None) => Err(StoreError::NotFound(key.to_string())),
+            None => self.remote.get(key).await,
+        }
+    }
+
+    async fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes, StoreError> {
+        match self.newest(key) {
+            Some(Some(data)) => {
+                let end = (range.end as usize).min(data.len());
+                let start = (range.start as usize).min(end);
+                Ok(data.slice(start..end))
+            }
+            Some(None) => Err(StoreError::NotFound(key.to_string())),
+            None => self.remote.get_range(key, range).await,
+        }
+    }
+
+    async fn delete(&self, key: &str, mode: DeleteMode) -> Result<(), StoreError> {
+        if !self.active() || key == LOCK_KEY || key == JOURNAL_MARKER_KEY {
+            return self.remote.delete(key, mode).await;
+        }
+        let rx = self.enqueue(key, OpKind::Delete(mode), mode == DeleteMode::Durable)?;
+        self.wait_done(rx).await
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, StoreError> {
+        // Queued changes first: one that reaches the bucket while it is listed is seen in one
+        // of the two.
+        let queued: Vec<(String, Option<u64>)> = self
+            .shared
+            .state
+            .lock()
+            .newest
+            .iter()
+            .filter(|(k, _)| k.starts_with(prefix))
+            .map(|(k, (_, d))| (k.clone(), d.as_ref().map(|d| d.len() as u64)))
+            .collect();
+        let listed = self.remote.list(prefix).await?;
+        if queued.is_empty() {
+            return Ok(listed);
+        }
+        let mut all: BTreeMap<String, u64> =
+            listed.into_iter().map(|o| (o.key, o.size_bytes)).collect();
+        for (key, size) in queued {
+            match size {
+                Some(size) => all.insert(key, size),
+                None => all.remove(&key),
+            };
+        }
+        Ok(all
+            .into_iter()
+            .map(|(key, size_bytes)| ObjectInfo { key, size_bytes })
+            .collect())
+    }
+
+    async fn begin_writing(&self) -> Result<(), StoreError> {
+        self.remote.begin_writing().await?;
+        let marker = self.read_marker().await?;
+        match &self.tier.dir {
+            Some(dir) => self.start_journal(dir, marker).await,
+            None => {
+                if let Some(m) = marker {
+                    if !m.journal_id.is_empty() {
+                        self.loss(&m, "no [storage.journal] is configured here")?;
+                        // Open may still find log objects missing between stored ones (they
+                        // were in flight from the journal): the marker says so until a clean
+                        // stop, and names no journal any more.
+                        let note = Identity {
+                            journal_id: String::new(),
+                            ..m
+                        };
+                        self.remote
+                            .put(
+                                JOURNAL_MARKER_KEY,
+                                Bytes::from(serde_json::to_vec_pretty(&note).expect("serialises")),
+                                PutMode::Overwrite,
+                            )
+                            .await?;
+                    }
+                    self.shared.state.lock().loss_marker = true;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    async fn end_writing(&self) -> Result<(), StoreError> {
+        if self.active() {
+            loop {
+                let notified = self.shared.changed.notified();
+                tokio::pin!(notified);
+                notified.as_mut().enable();
+                {
+                    let st = self.shared.state.lock();
+                    if let Some(why) = &st.failed {
+                        return Err(StoreError::Permanent(why.clone()));
+                    }
+                    if st.ops.is_empty() {
+                        break;
+                    }
+                }
+                notified.await;
+            }
+            let journal = self.shared.journal.lock().clone();
+            if let Some(j) = journal {
+                let _ = tokio::task::spawn_blocking(move || j.sync()).await;
+            }
+            self.shared.state.lock().active = false;
+            self.remote
+                .delete(JOURNAL_MARKER_KEY, DeleteMode::Durable)
+                .await?;
+            tracing::info!("journal empty; every change is in the bucket");
+        } else if self.take_loss_marker() {
+            self.remote
+                .delete(JOURNAL_MARKER_KEY, DeleteMode::Durable)
+                .await?;
+        }
+        self.remote.end_writing().await
+    }
+}

@@ -1,0 +1,154 @@
+//! The journal tier (bucket/tier.rs, docs/0009-journal-tier.md): a flush returns once its log
+//! object is in a local journal, even while the bucket refuses every PUT; a crash loses nothing
+//! so acknowledged; and a writer that cannot find the journal the bucket names refuses to start
+//! unless told to accept the loss.
+
+use bucketfs_engine::bucket::{
+    Fault, JournalTier, JournaledBucket, SharedBucket, JOURNAL_MARKER_KEY,
+};
+use bucketfs_engine::{Engine, EngineError, EngineOptions, Fill};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::common::{crash, pattern, world, World};
+
+fn journal_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("bucketfs-tier-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+fn tier(dir: Option<&Path>, accept_loss: bool) -> JournalTier {
+    JournalTier {
+        dir: dir.map(Path::to_path_buf),
+        accept_loss,
+        bucket_url: "memory://tier-test".into(),
+    }
+}
+
+/// A writer over the world's bucket through a journal tier.
+async fn open_tier(w: &World, tier: JournalTier) -> Result<Engine, EngineError> {
+    let (bucket, opts) = w.writer(EngineOptions::for_tests("pw"));
+    let bucket: SharedBucket = Arc::new(JournaledBucket::new(bucket, tier));
+    Engine::open(bucket, opts).await
+}
+
+async fn log_count(w: &World) -> usize {
+    w.bucket.list("log/").await.unwrap().len()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flush_is_durable_in_the_journal_while_the_bucket_refuses_puts() {
+    let w = world();
+    let dir = journal_dir("durable");
+    let e = open_tier(&w, tier(Some(&dir), false)).await.unwrap();
+    assert!(
+        w.bucket.get(JOURNAL_MARKER_KEY).await.is_ok(),
+        "the bucket names its journal before anything is journaled"
+    );
+    e.write(1, 0, 8192, Fill::Data(&pattern(1, 8192)))
+        .await
+        .unwrap();
+    e.flush().await.unwrap();
+
+    w.faults.set(Fault::FailPuts);
+    let before = log_count(&w).await;
+    e.write(1, 8192, 8192, Fill::Data(&pattern(2, 8192)))
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(5), e.flush())
+        .await
+        .expect("a flush returns once journaled, whatever the bucket does")
+        .unwrap();
+    assert_eq!(
+        log_count(&w).await,
+        before,
+        "the bucket refused the object: only the journal holds it"
+    );
+    crash(&w, e).await;
+    w.faults.set(Fault::None);
+
+    // Without the journal, or with another one, the writer refuses and says why.
+    for (what, t) in [
+        ("no journal", tier(None, false)),
+        ("another journal", tier(Some(&journal_dir("other")), false)),
+    ] {
+        let err = open_tier(&w, t).await.err().unwrap_or_else(|| {
+            panic!("opened with {what} although the journal holds acknowledged writes")
+        });
+        assert!(
+            err.to_string().contains("--accept-journal-loss"),
+            "{what}: {err}"
+        );
+    }
+
+    // With it, its objects reach the bucket first, and the flushed data is there.
+    let e = open_tier(&w, tier(Some(&dir), false)).await.unwrap();
+    assert!(
+        log_count(&w).await > before,
+        "the journal's object was uploaded at open"
+    );
+    let mut expect = pattern(1, 8192);
+    expect.extend(pattern(2, 8192));
+    assert!(e.read(1, 0, 16384).await.unwrap() == expect);
+
+    // A clean stop empties the journal and drops the marker: the bucket alone is complete.
+    e.close().await.unwrap();
+    drop(e);
+    assert!(matches!(
+        w.bucket.get(JOURNAL_MARKER_KEY).await,
+        Err(bucketfs_engine::bucket::StoreError::NotFound(_))
+    ));
+    let (bucket, opts) = w.writer(EngineOptions::for_tests("pw"));
+    let e = Engine::open(bucket, opts).await.unwrap();
+    assert!(e.read(1, 0, 16384).await.unwrap() == expect);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_journal_is_refused_unless_the_loss_is_accepted() {
+    let w = world();
+    let dir = journal_dir("lost");
+    let e = open_tier(&w, tier(Some(&dir), false)).await.unwrap();
+    e.write(1, 0, 4096, Fill::Data(&pattern(1, 4096)))
+        .await
+        .unwrap();
+    e.flush().await.unwrap();
+    // Wait until the bucket has it: what follows is then the only thing at risk.
+    for _ in 0..100 {
+        if log_count(&w).await > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    w.faults.set(Fault::FailPuts);
+    e.write(1, 0, 4096, Fill::Data(&pattern(9, 4096)))
+        .await
+        .unwrap();
+    e.flush().await.unwrap();
+    crash(&w, e).await;
+    w.faults.set(Fault::None);
+    std::fs::remove_dir_all(&dir).unwrap();
+
+    let err = open_tier(&w, tier(Some(&dir), false))
+        .await
+        .err()
+        .expect("a writer whose journal is gone must not serve the older state silently");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("--accept-journal-loss") && msg.contains("journal"),
+        "{msg}"
+    );
+
+    // Accepted: the bucket's own state, whole (the write only the journal held is lost).
+    let e = open_tier(&w, tier(Some(&dir), true)).await.unwrap();
+    assert!(e.read(1, 0, 4096).await.unwrap() == pattern(1, 4096));
+    e.close().await.unwrap();
+    drop(e);
+    // And the next start needs no flag.
+    let e = open_tier(&w, tier(Some(&dir), false)).await.unwrap();
+    assert!(e.read(1, 0, 4096).await.unwrap() == pattern(1, 4096));
+    e.close().await.unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
