@@ -30,6 +30,10 @@ requires nbdfuse fusermount3 losetup mkfs.ext4 e2fsck fuser pgrep timeout
 requires "$PG_BIN/postgres" "$PG_BIN/pgbench" "$PG_BIN/pg_amcheck" "$PG_BIN/psql"
 
 ROUNDS=${BUCKETFS_PG_LEDGER_ROUNDS:-6}
+# tests/pg_journal.sh sets this: the same rounds through a journal tier ([storage.journal]), the
+# S3 backend behind a 20 ms link, then the journal's loss cases (journal_cases below).
+JOURNAL=${PG_LEDGER_JOURNAL:-0}
+JOURNAL_LATENCY=20ms
 ((ROUNDS >= 1)) || die "BUCKETFS_PG_LEDGER_ROUNDS must be at least 1"
 EXPORT_NAME=pgvol
 VOLUME_SIZE=2G
@@ -154,6 +158,7 @@ run_case() {
     # The postgres user must reach the mount point and the socket directory below these.
     chmod 755 "$TEST_DIR" "$CASE_DIR"
     make_config "$CASE_DIR/server" "$BACKEND"
+    ((JOURNAL)) && journal_setup
     config_set "$CONFIG" tuning log_objects_per_checkpoint_min "$LOG_OBJECTS_PER_CHECKPOINT_MIN"
     config_set "$CONFIG" tuning log_objects_per_checkpoint_max "$LOG_OBJECTS_PER_CHECKPOINT_MAX"
     start_bucketfs "$CONFIG"
@@ -278,6 +283,79 @@ SQL
     stop_bucketfs
     log "totals: $ROUNDS rounds ($cache_losses with the cache deleted), $total_acked ids acknowledged," \
         "all present; $total_extra more committed in flight; $((SECONDS - began)) s"
+    if ((JOURNAL)); then
+        journal_cases
+    fi
+}
+
+# --- the journal tier (tests/pg_journal.sh) ------------------------------------------------------
+
+# The journal in the case's directory; on S3, bench/s3proxy.py between bucketfs and moto adds
+# JOURNAL_LATENCY to every request and refuses every request while $FAULT_FILE exists.
+journal_setup() {
+    JOURNAL_DIR=$CASE_DIR/journal
+    FAULT_FILE=$CASE_DIR/fault
+    config_set "$CONFIG" storage.journal path "\"$JOURNAL_DIR\""
+    if [[ $BACKEND == s3 ]]; then
+        local port
+        port=$(pick_unused_port)
+        "$BUCKETFS_TEST_PYTHON" "$REPO_ROOT/bench/s3proxy.py" --listen "127.0.0.1:$port" \
+            --upstream "${S3_ENDPOINT#http://}" --latency "$JOURNAL_LATENCY" --fault-while "$FAULT_FILE" \
+            >>"$CASE_DIR/s3proxy.log" 2>&1 &
+        register_pid $!
+        wait_for 30 _port_open "$port" || die "s3proxy did not start: $(cat "$CASE_DIR/s3proxy.log")"
+        config_set "$CONFIG" aws endpoint "\"http://127.0.0.1:$port\""
+    fi
+}
+
+# Fails unless `bucketfs run` refuses to start, naming the journal and the way out.
+expect_refused_start() { # expect_refused_start WHY
+    local out rc=0
+    out=$(timeout 60 "$BUCKETFS" run -c "$CONFIG" 2>&1) || rc=$?
+    ((rc != 0 && rc != 124)) || die "$1: bucketfs run did not refuse to start (exit $rc)"
+    grep -q -- "--accept-journal-loss" <<<"$out" || die "$1: the refusal does not say how to go on: $(tail -n 3 <<<"$out")"
+    log "$1: refused: $(grep -o 'this bucket was last written through.*' <<<"$out" | head -c 200)"
+}
+
+journal_cases() {
+    local name=jcase
+    start_bucketfs "$CONFIG"
+    grep -q "durability: journal in $JOURNAL_DIR" <(bucketfs_log_current) ||
+        die "bucketfs run did not print the journal's guarantee at start"
+    create_export "$name" 16M
+    qio "$name" "write -P 0x11 0 1M" "flush"
+    # The store refuses everything (S3: the proxy) or is a directory (file): the flush returns
+    # once journaled; kill -9, and the restart uploads the journal's objects first.
+    [[ $BACKEND == s3 ]] && printf 'refuse\n' >"$FAULT_FILE"
+    qio "$name" "write -P 0x22 0 1M" "flush"
+    log "a flush returned while the store refused every request"
+    kill9_bucketfs
+    rm -f "$FAULT_FILE"
+    start_bucketfs "$CONFIG"
+    qio "$name" "read -P 0x22 0 1M"
+    log "after kill -9 and a restart, the data only the journal held is there"
+
+    # The journal deleted while the server is down: refused, unless the loss is accepted.
+    [[ $BACKEND == s3 ]] && printf 'refuse\n' >"$FAULT_FILE"
+    qio "$name" "write -P 0x33 0 1M" "flush"
+    kill9_bucketfs
+    rm -f "$FAULT_FILE"
+    rm -rf "$JOURNAL_DIR"
+    expect_refused_start "journal deleted"
+    start_bucketfs "$CONFIG" --accept-journal-loss
+    if [[ $BACKEND == s3 ]]; then
+        qio "$name" "read -P 0x22 0 1M"
+        log "--accept-journal-loss: the bucket's own state (the write only the journal held is gone)"
+    fi
+    qio "$name" "write -P 0x44 0 1M" "flush"
+    stop_bucketfs
+    start_bucketfs "$CONFIG"
+    qio "$name" "read -P 0x44 0 1M"
+    # Without [storage.journal] after a crash with a journal: refused too.
+    kill9_bucketfs
+    sed -i "\|^path = \"$JOURNAL_DIR\"|d" "$CONFIG"
+    expect_refused_start "no journal configured"
+    log "journal cases: ok"
 }
 
 for_each_backend run_case
