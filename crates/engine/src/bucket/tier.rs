@@ -719,3 +719,116 @@ impl Bucket for JournaledBucket {
         self.remote.end_writing().await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bucket::open_url;
+
+    /// A remote whose PUTs wait for `gate` and then take a while (the later ones longer, so a
+    /// DELETE of an early key could overtake them), and which notes, at each DELETE, every PUT
+    /// queued before it that has not landed.
+    struct Slow {
+        inner: SharedBucket,
+        gate: tokio::sync::Semaphore,
+        landed: Mutex<Vec<String>>,
+        expected_before_delete: Mutex<HashMap<String, Vec<String>>>,
+        violations: Mutex<Vec<String>>,
+    }
+
+    #[async_trait]
+    impl Bucket for Slow {
+        async fn put(&self, key: &str, data: Bytes, mode: PutMode) -> Result<(), StoreError> {
+            let n: u64 = key
+                .rsplit('/')
+                .next()
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0);
+            if key.starts_with("log/") {
+                drop(self.gate.acquire().await);
+            }
+            tokio::time::sleep(Duration::from_millis(n * 5)).await;
+            self.inner.put(key, data, mode).await?;
+            self.landed.lock().push(key.to_string());
+            Ok(())
+        }
+        async fn get(&self, key: &str) -> Result<Bytes, StoreError> {
+            self.inner.get(key).await
+        }
+        async fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes, StoreError> {
+            self.inner.get_range(key, range).await
+        }
+        async fn delete(&self, key: &str, mode: DeleteMode) -> Result<(), StoreError> {
+            if let Some(before) = self.expected_before_delete.lock().get(key) {
+                let landed = self.landed.lock();
+                for k in before.iter().filter(|k| !landed.contains(k)) {
+                    self.violations
+                        .lock()
+                        .push(format!("{key} deleted before {k} landed"));
+                }
+            }
+            self.inner.delete(key, mode).await
+        }
+        async fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, StoreError> {
+            self.inner.list(prefix).await
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn puts_are_acknowledged_from_the_journal_and_deletes_wait_for_earlier_puts() {
+        let dir = std::env::temp_dir().join(format!("bucketfs-tier-unit-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let slow = Arc::new(Slow {
+            inner: open_url("memory://", &Vec::new()).unwrap(),
+            gate: tokio::sync::Semaphore::new(0),
+            landed: Mutex::default(),
+            expected_before_delete: Mutex::default(),
+            violations: Mutex::default(),
+        });
+        let b = JournaledBucket::new(
+            slow.clone(),
+            JournalTier {
+                dir: Some(dir.clone()),
+                accept_loss: false,
+                bucket_url: "memory://unit".into(),
+            },
+        );
+        b.begin_writing().await.unwrap();
+        // The bucket answers no PUT of a log object yet: these return from the journal.
+        let mut keys = Vec::new();
+        for n in 1..=10u64 {
+            let key = format!("log/{n}");
+            b.put(&key, Bytes::from(vec![n as u8; 100]), PutMode::Create)
+                .await
+                .unwrap();
+            keys.push(key);
+        }
+        assert!(!slow.landed.lock().iter().any(|k| k.starts_with("log/")));
+        assert_eq!(b.backlog().objects, 10);
+        // Seen at once, by GET and LIST, and create-only.
+        assert_eq!(b.get("log/3").await.unwrap(), Bytes::from(vec![3u8; 100]));
+        assert_eq!(b.list("log/").await.unwrap().len(), 10);
+        assert!(matches!(
+            b.put("log/3", Bytes::from_static(b"x"), PutMode::Create)
+                .await,
+            Err(StoreError::AlreadyExists(_))
+        ));
+        slow.expected_before_delete
+            .lock()
+            .insert("log/1".into(), keys.clone());
+        slow.gate.add_permits(1000);
+        b.delete("log/1", DeleteMode::Durable).await.unwrap();
+        assert!(matches!(b.get("log/1").await, Err(StoreError::NotFound(_))));
+        b.delete("log/2", DeleteMode::Garbage).await.unwrap();
+        assert_eq!(b.list("log/").await.unwrap().len(), 8);
+        b.end_writing().await.unwrap();
+        assert_eq!(*slow.violations.lock(), Vec::<String>::new());
+        assert_eq!(b.backlog(), JournalBacklog::default());
+        assert_eq!(slow.inner.list("log/").await.unwrap().len(), 8);
+        assert!(matches!(
+            slow.inner.get(JOURNAL_MARKER_KEY).await,
+            Err(StoreError::NotFound(_))
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
