@@ -34,7 +34,12 @@ use tokio::sync::{oneshot, Notify};
 pub const JOURNAL_MARKER_KEY: &str = "journal.json";
 /// PUTs from the journal to the remote bucket in flight at once. Open accepts this many stored
 /// log objects after a missing one (they had overtaken it) when the marker is present.
-pub const JOURNAL_UPLOADS_IN_FLIGHT: usize = 16;
+pub const JOURNAL_UPLOADS_IN_FLIGHT: usize = 32;
+/// A journaled PUT waits while this many changes are queued for the bucket: it bounds how far
+/// the bucket lags (what the loss of the journal's disk would lose, and what an open after a
+/// crash uploads first), so that a load sealing objects faster than the bucket takes them
+/// slows down to the bucket's pace instead of filling the ring and then waiting behind all of it.
+pub const JOURNAL_BACKLOG_OBJECTS_MAX: usize = 1024;
 /// A failed upload from the journal is tried again after this long, doubling up to the maximum:
 /// the journal holds the object, so it is retried without end.
 const RETRY_FIRST: Duration = Duration::from_millis(200);
@@ -95,6 +100,7 @@ struct State {
     /// The first operation not yet started.
     next_to_start: u64,
     puts_in_flight: usize,
+    deletes_in_flight: usize,
     keys_in_flight: HashMap<String, usize>,
     /// The newest unfinished change per key: the bytes a GET must see, or `None` once deleted.
     newest: HashMap<String, (u64, Option<Bytes>)>,
@@ -351,6 +357,22 @@ impl JournaledBucket {
         std::mem::take(&mut self.shared.state.lock().loss_marker)
     }
 
+    /// Waits while JOURNAL_BACKLOG_OBJECTS_MAX changes are queued for the bucket.
+    async fn wait_for_backlog_room(&self) {
+        loop {
+            let notified = self.shared.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let st = self.shared.state.lock();
+                if st.ops.len() < JOURNAL_BACKLOG_OBJECTS_MAX || st.failed.is_some() {
+                    return;
+                }
+            }
+            notified.await;
+        }
+    }
+
     /// Whether changes go through a journal now (a writer with `[storage.journal]`, open).
     pub fn journaling(&self) -> bool {
         self.active()
@@ -419,6 +441,12 @@ impl Shared {
                 }
             };
             let may = match &op.kind {
+                // An overwrite (a checkpoint's runs and manifest, the superblock) may name any
+                // object stored before it: it waits for every earlier change.
+                OpKind::Put {
+                    mode: PutMode::Overwrite,
+                    ..
+                } => st.puts_in_flight == 0 && st.deletes_in_flight == 0,
                 OpKind::Put { .. } => {
                     st.puts_in_flight < JOURNAL_UPLOADS_IN_FLIGHT
                         && !st.keys_in_flight.contains_key(&op.key)
@@ -439,8 +467,9 @@ impl Shared {
                 },
                 OpKind::Delete(m) => OpKind::Delete(*m),
             };
-            if matches!(kind, OpKind::Put { .. }) {
-                st.puts_in_flight += 1;
+            match kind {
+                OpKind::Put { .. } => st.puts_in_flight += 1,
+                OpKind::Delete(_) => st.deletes_in_flight += 1,
             }
             *st.keys_in_flight.entry(key.clone()).or_default() += 1;
             st.next_to_start = next + 1;
@@ -507,9 +536,12 @@ impl Shared {
         let done = {
             let mut st = self.state.lock();
             let op = st.ops.remove(&id).expect("a running operation is queued");
-            if let OpKind::Put { data, .. } = &op.kind {
-                st.backlog_bytes -= data.len() as u64;
-                st.puts_in_flight -= 1;
+            match &op.kind {
+                OpKind::Put { data, .. } => {
+                    st.backlog_bytes -= data.len() as u64;
+                    st.puts_in_flight -= 1;
+                }
+                OpKind::Delete(_) => st.deletes_in_flight -= 1,
             }
             if let Some(n) = st.keys_in_flight.get_mut(key) {
                 *n -= 1;
@@ -581,6 +613,9 @@ impl Bucket for JournaledBucket {
             return Err(StoreError::AlreadyExists(key.to_string()));
         }
         let journal = self.shared.journal.lock().clone();
+        if journal.is_some() {
+            self.wait_for_backlog_room().await;
+        }
         let ticket = match (&journal, mode) {
             (Some(j), PutMode::Create) if data.len() <= JOURNAL_OBJECT_BYTES_MAX => {
                 let (j, k, d) = (j.clone(), key.to_string(), data.clone());
@@ -732,8 +767,21 @@ mod tests {
         inner: SharedBucket,
         gate: tokio::sync::Semaphore,
         landed: Mutex<Vec<String>>,
-        expected_before_delete: Mutex<HashMap<String, Vec<String>>>,
+        expected_before: Mutex<HashMap<String, Vec<String>>>,
         violations: Mutex<Vec<String>>,
+    }
+
+    impl Slow {
+        fn check_landed_before(&self, key: &str) {
+            if let Some(before) = self.expected_before.lock().get(key) {
+                let landed = self.landed.lock();
+                for k in before.iter().filter(|k| !landed.contains(k)) {
+                    self.violations
+                        .lock()
+                        .push(format!("{key} changed before {k} landed"));
+                }
+            }
+        }
     }
 
     #[async_trait]
@@ -747,7 +795,10 @@ mod tests {
             if key.starts_with("log/") {
                 drop(self.gate.acquire().await);
             }
-            tokio::time::sleep(Duration::from_millis(n * 5)).await;
+            if mode == PutMode::Overwrite {
+                self.check_landed_before(key);
+            }
+            tokio::time::sleep(Duration::from_millis((n % 16) * 5)).await;
             self.inner.put(key, data, mode).await?;
             self.landed.lock().push(key.to_string());
             Ok(())
@@ -759,14 +810,7 @@ mod tests {
             self.inner.get_range(key, range).await
         }
         async fn delete(&self, key: &str, mode: DeleteMode) -> Result<(), StoreError> {
-            if let Some(before) = self.expected_before_delete.lock().get(key) {
-                let landed = self.landed.lock();
-                for k in before.iter().filter(|k| !landed.contains(k)) {
-                    self.violations
-                        .lock()
-                        .push(format!("{key} deleted before {k} landed"));
-                }
-            }
+            self.check_landed_before(key);
             self.inner.delete(key, mode).await
         }
         async fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, StoreError> {
@@ -782,7 +826,7 @@ mod tests {
             inner: open_url("memory://", &Vec::new()).unwrap(),
             gate: tokio::sync::Semaphore::new(0),
             landed: Mutex::default(),
-            expected_before_delete: Mutex::default(),
+            expected_before: Mutex::default(),
             violations: Mutex::default(),
         });
         let b = JournaledBucket::new(
@@ -813,10 +857,24 @@ mod tests {
                 .await,
             Err(StoreError::AlreadyExists(_))
         ));
-        slow.expected_before_delete
+        slow.expected_before
             .lock()
             .insert("log/1".into(), keys.clone());
+        // An overwrite (a checkpoint's manifest) lands only after every earlier PUT.
+        slow.expected_before
+            .lock()
+            .insert("manifest".into(), keys.clone());
+        let b = Arc::new(b);
+        let manifest = tokio::spawn({
+            let b = b.clone();
+            async move {
+                b.put("manifest", Bytes::from_static(b"m"), PutMode::Overwrite)
+                    .await
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
         slow.gate.add_permits(1000);
+        manifest.await.unwrap().unwrap();
         b.delete("log/1", DeleteMode::Durable).await.unwrap();
         assert!(matches!(b.get("log/1").await, Err(StoreError::NotFound(_))));
         b.delete("log/2", DeleteMode::Garbage).await.unwrap();
@@ -829,6 +887,57 @@ mod tests {
             slow.inner.get(JOURNAL_MARKER_KEY).await,
             Err(StoreError::NotFound(_))
         ));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_journaled_put_waits_while_the_backlog_is_full() {
+        let dir = std::env::temp_dir().join(format!("bucketfs-tier-full-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let slow = Arc::new(Slow {
+            inner: open_url("memory://", &Vec::new()).unwrap(),
+            gate: tokio::sync::Semaphore::new(0),
+            landed: Mutex::default(),
+            expected_before: Mutex::default(),
+            violations: Mutex::default(),
+        });
+        let b = Arc::new(JournaledBucket::new(
+            slow.clone(),
+            JournalTier {
+                dir: Some(dir.clone()),
+                accept_loss: false,
+                bucket_url: "memory://unit".into(),
+            },
+        ));
+        b.begin_writing().await.unwrap();
+        for n in 0..JOURNAL_BACKLOG_OBJECTS_MAX {
+            b.put(
+                &format!("log/{n}"),
+                Bytes::from_static(b"x"),
+                PutMode::Create,
+            )
+            .await
+            .unwrap();
+        }
+        let next = tokio::spawn({
+            let b = b.clone();
+            async move {
+                b.put("log/next", Bytes::from_static(b"y"), PutMode::Create)
+                    .await
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            !next.is_finished(),
+            "a PUT was journaled beyond the backlog's bound"
+        );
+        slow.gate.add_permits(1 << 20);
+        next.await.unwrap().unwrap();
+        b.end_writing().await.unwrap();
+        assert_eq!(
+            slow.inner.list("log/").await.unwrap().len(),
+            JOURNAL_BACKLOG_OBJECTS_MAX + 1
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
