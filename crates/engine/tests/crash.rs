@@ -6,12 +6,17 @@
 //! acknowledged mutations that includes every acknowledged barrier: nothing acknowledged lost,
 //! no mutation torn or half applied, nothing that was never written.
 //!
+//! Odd seeds write through a journal tier (bucket/tier.rs) in a directory that outlives each
+//! process, as a local disk does: there a barrier is acknowledged once journaled, and the crash
+//! freezes the bucket below the journal.
+//!
 //! `cargo test --release -p bucketfs-engine --test crash` runs CRASH_SEEDS_DEFAULT seeds; the soak
 //! (docs/testing.md) sets BUCKETFS_CRASH_SEEDS and BUCKETFS_CRASH_FIRST_SEED. A failure prints
 //! its seed; BUCKETFS_CRASH_SEED=N replays that one.
 
 use bucketfs_engine::bucket::{
-    open_url, CrashableBucket, FreezePlan, RetryingBucket, SharedBucket,
+    open_url, CrashableBucket, FreezePlan, JournalTier, JournaledBucket, RetryingBucket,
+    SharedBucket,
 };
 use bucketfs_engine::limits::EXTENT_SIZE_BYTES;
 use bucketfs_engine::{
@@ -205,6 +210,7 @@ fn describe_mismatch(history: &[Model], acked: usize, seen: &Model) -> String {
 /// then mutates until its view of the bucket freezes (or it has done enough).
 async fn live(
     store: &SharedBucket,
+    journal: Option<&std::path::Path>,
     rng: &mut Rng,
     plan: Option<FreezePlan>,
     tasks: TaskSet,
@@ -217,7 +223,17 @@ async fn live(
         pins,
     } = expected;
     let view = Arc::new(CrashableBucket::new(store.clone(), plan));
-    let bucket: SharedBucket = Arc::new(RetryingBucket::new(view.clone()));
+    let mut bucket: SharedBucket = Arc::new(RetryingBucket::new(view.clone()));
+    if let Some(dir) = journal {
+        bucket = Arc::new(JournaledBucket::new(
+            bucket,
+            JournalTier {
+                dir: Some(dir.to_path_buf()),
+                accept_loss: false,
+                bucket_url: "memory://crash".into(),
+            },
+        ));
+    }
     let opts = options(rng, tasks);
     let e = tokio::select! {
         opened = Engine::open(bucket, opts) => opened.map_err(|e| format!("open failed: {e}"))?,
@@ -463,6 +479,14 @@ fn run_seed(seed: u64, tally: &mut Tally) -> Result<(), String> {
         acked: 0,
         pins: BTreeMap::new(),
     };
+    let journal = (seed % 2 == 1).then(|| {
+        let dir = std::env::temp_dir().join(format!(
+            "bucketfs-crash-journal-{}-{seed}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        dir
+    });
     for life in 0..=LIVES {
         let last = life == LIVES;
         let plan = (!last).then(|| FreezePlan {
@@ -483,6 +507,7 @@ fn run_seed(seed: u64, tally: &mut Tally) -> Result<(), String> {
         let tasks = TaskSet::default();
         let outcome = rt.block_on(live(
             &store,
+            journal.as_deref(),
             &mut rng,
             plan,
             tasks.clone(),
@@ -494,6 +519,9 @@ fn run_seed(seed: u64, tally: &mut Tally) -> Result<(), String> {
         rt.block_on(tasks.stop_all());
         rt.shutdown_timeout(Duration::from_secs(10));
         outcome.map_err(|why| format!("seed {seed}, life {life}: {why}"))?;
+    }
+    if let Some(dir) = &journal {
+        let _ = std::fs::remove_dir_all(dir);
     }
     Ok(())
 }
