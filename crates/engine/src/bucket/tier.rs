@@ -35,11 +35,13 @@ pub const JOURNAL_MARKER_KEY: &str = "journal.json";
 /// PUTs from the journal to the remote bucket in flight at once. Open accepts this many stored
 /// log objects after a missing one (they had overtaken it) when the marker is present.
 pub const JOURNAL_UPLOADS_IN_FLIGHT: usize = 32;
-/// A journaled PUT waits while this many changes are queued for the bucket: it bounds how far
+/// A journaled PUT waits while this many PUTs are queued for the bucket: it bounds how far
 /// the bucket lags (what the loss of the journal's disk would lose, and what an open after a
 /// crash uploads first), so that a load sealing objects faster than the bucket takes them
 /// slows down to the bucket's pace instead of filling the ring and then waiting behind all of it.
 pub const JOURNAL_BACKLOG_OBJECTS_MAX: usize = 1024;
+/// DELETEs in flight at once (the collector deletes a checkpoint's dead objects in bursts).
+const DELETES_IN_FLIGHT: usize = 32;
 /// A failed upload from the journal is tried again after this long, doubling up to the maximum:
 /// the journal holds the object, so it is retried without end.
 const RETRY_FIRST: Duration = Duration::from_millis(200);
@@ -101,6 +103,8 @@ struct State {
     next_to_start: u64,
     puts_in_flight: usize,
     deletes_in_flight: usize,
+    /// PUTs queued and not finished (garbage deletes carry nothing acknowledged: not counted).
+    puts_queued: usize,
     keys_in_flight: HashMap<String, usize>,
     /// The newest unfinished change per key: the bytes a GET must see, or `None` once deleted.
     newest: HashMap<String, (u64, Option<Bytes>)>,
@@ -316,6 +320,7 @@ impl JournaledBucket {
         let seen = match &kind {
             OpKind::Put { data, .. } => {
                 st.backlog_bytes += data.len() as u64;
+                st.puts_queued += 1;
                 Some(data.clone())
             }
             OpKind::Delete(_) => None,
@@ -357,7 +362,7 @@ impl JournaledBucket {
         std::mem::take(&mut self.shared.state.lock().loss_marker)
     }
 
-    /// Waits while JOURNAL_BACKLOG_OBJECTS_MAX changes are queued for the bucket.
+    /// Waits while JOURNAL_BACKLOG_OBJECTS_MAX PUTs are queued for the bucket.
     async fn wait_for_backlog_room(&self) {
         loop {
             let notified = self.shared.changed.notified();
@@ -365,7 +370,7 @@ impl JournaledBucket {
             notified.as_mut().enable();
             {
                 let st = self.shared.state.lock();
-                if st.ops.len() < JOURNAL_BACKLOG_OBJECTS_MAX || st.failed.is_some() {
+                if st.puts_queued < JOURNAL_BACKLOG_OBJECTS_MAX || st.failed.is_some() {
                     return;
                 }
             }
@@ -452,7 +457,9 @@ impl Shared {
                         && !st.keys_in_flight.contains_key(&op.key)
                 }
                 OpKind::Delete(_) => {
-                    st.puts_in_flight == 0 && !st.keys_in_flight.contains_key(&op.key)
+                    st.puts_in_flight == 0
+                        && st.deletes_in_flight < DELETES_IN_FLIGHT
+                        && !st.keys_in_flight.contains_key(&op.key)
                 }
             };
             if !may {
@@ -540,6 +547,7 @@ impl Shared {
                 OpKind::Put { data, .. } => {
                     st.backlog_bytes -= data.len() as u64;
                     st.puts_in_flight -= 1;
+                    st.puts_queued -= 1;
                 }
                 OpKind::Delete(_) => st.deletes_in_flight -= 1,
             }
