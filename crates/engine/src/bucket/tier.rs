@@ -240,6 +240,7 @@ impl JournaledBucket {
             .await
             .map_err(|e| StoreError::Permanent(format!("opening the journal: {e}")))?
             .map_err(|e| io("opening", e))?;
+        let had_records = !records.is_empty();
         let same = matches!((&marker, &local), (Some(m), Some(l)) if m.journal_id == l.journal_id);
         if let Some(m) = marker.as_ref().filter(|m| !m.journal_id.is_empty()) {
             if !same {
@@ -269,10 +270,15 @@ impl JournaledBucket {
                 "the journal holds records of an earlier journal the bucket no longer names; discarding them"
             );
         }
-        let journal = tokio::task::spawn_blocking(move || journal.reset().map(|()| journal))
-            .await
-            .map_err(|e| StoreError::Permanent(format!("emptying the journal: {e}")))?
-            .map_err(|e| io("emptying", e))?;
+        // Emptied only if something is in it: that writes the whole ring (256 MiB).
+        let journal = if had_records {
+            tokio::task::spawn_blocking(move || journal.reset().map(|()| journal))
+                .await
+                .map_err(|e| StoreError::Permanent(format!("emptying the journal: {e}")))?
+                .map_err(|e| io("emptying", e))?
+        } else {
+            journal
+        };
         let identity = match (same, local) {
             (true, Some(l)) => l,
             _ => Identity {
