@@ -485,11 +485,11 @@ impl Engine {
             for op in sealed.ops.iter() {
                 st.committed.apply(op);
             }
-            if !batch.extent_cuts.is_empty() {
-                // One pass over the memory tier for all of the batch's cuts: a cut names a range
-                // (often to the end of a file), not the extents it covered.
-                st.clean
-                    .drop_where(|(ino, index)| batch.cuts_extent(ino, index));
+            // A cut names a range (often to the end of a file), not the extents it covered.
+            for (ino, cuts) in &batch.extent_cuts {
+                for &(from, to) in cuts {
+                    st.clean.drop_range(*ino, from, to);
+                }
             }
             for ((ino, index), d) in &batch.extents {
                 match d {
