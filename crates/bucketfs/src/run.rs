@@ -81,6 +81,7 @@ pub fn open_bucket(
             dir: cfg.storage.journal.path.clone(),
             accept_loss: accept_journal_loss,
             bucket_url: cfg.storage.url.clone(),
+            ring_bytes: None,
         },
     ));
     Ok((journaled.clone(), counting, journaled))

@@ -231,6 +231,8 @@ async fn live(
                 dir: Some(dir.to_path_buf()),
                 accept_loss: false,
                 bucket_url: "memory://crash".into(),
+                // Small: a new journal is written whole, and every odd seed makes one.
+                ring_bytes: Some(16 << 20),
             },
         ));
     }

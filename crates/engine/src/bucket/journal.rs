@@ -116,6 +116,8 @@ impl Ring {
 #[derive(Debug)]
 pub struct Journal {
     file: File,
+    /// The ring's size: JOURNAL_BYTES, or less for tests (`open_sized`).
+    bytes: u64,
     /// Direct I/O handles; `None` where the file system cannot do direct I/O (tmpfs), and then
     /// nothing is journaled.
     direct: Option<DirectFiles>,
@@ -164,6 +166,16 @@ impl Journal {
     /// writes allocate nothing) if it is missing or has the wrong size. Returns the records
     /// still in it, oldest first; the caller writes their objects, then calls `reset`.
     pub fn open(path: &Path) -> std::io::Result<(Journal, Vec<Record>)> {
+        Self::open_sized(path, JOURNAL_BYTES)
+    }
+
+    /// `open` with a ring of `bytes` (a multiple of the block size, at least 8 records of the
+    /// largest size): tests that create many journals keep them small.
+    pub fn open_sized(path: &Path, bytes: u64) -> std::io::Result<(Journal, Vec<Record>)> {
+        assert!(
+            bytes.is_multiple_of(BLOCK_BYTES as u64) && bytes >= 8 * RECORD_BYTES_MAX as u64,
+            "a journal of {bytes} bytes"
+        );
         let mut options = OpenOptions::new();
         options.read(true).write(true).create(true).truncate(false);
         let file = options.open(path)?;
@@ -176,6 +188,7 @@ impl Journal {
         drop(image);
         let journal = Journal {
             file,
+            bytes,
             direct: open_direct(path)?,
             ring: Mutex::default(),
             syncs: Mutex::default(),
@@ -185,7 +198,7 @@ impl Journal {
         };
         // A journal of the right size without records needs nothing: every block was written
         // when it was created, and nothing in it is valid.
-        if records.is_empty() && len != JOURNAL_BYTES {
+        if records.is_empty() && len != bytes {
             journal.reset()?;
         }
         Ok((journal, records))
@@ -195,11 +208,11 @@ impl Journal {
     pub fn reset(&self) -> std::io::Result<()> {
         let zeros = vec![0u8; 1024 * 1024];
         let mut at = 0;
-        while at < JOURNAL_BYTES {
+        while at < self.bytes {
             self.file.write_all_at(&zeros, at)?;
             at += zeros.len() as u64;
         }
-        self.file.set_len(JOURNAL_BYTES)?;
+        self.file.set_len(self.bytes)?;
         self.file.sync_all()?;
         *self.ring.lock() = Ring::default();
         Ok(())
@@ -220,10 +233,10 @@ impl Journal {
             let mut ring = self.ring.lock();
             let mut start = ring.head;
             // A record never wraps around the end of the file.
-            if start % JOURNAL_BYTES + len as u64 > JOURNAL_BYTES {
-                start = start.next_multiple_of(JOURNAL_BYTES);
+            if start % self.bytes + len as u64 > self.bytes {
+                start = start.next_multiple_of(self.bytes);
             }
-            if start + len as u64 - ring.tail() > JOURNAL_BYTES {
+            if start + len as u64 - ring.tail() > self.bytes {
                 return Ok(None);
             }
             let record = ring.next_record;
@@ -256,7 +269,7 @@ impl Journal {
         out[data_end..].fill(0);
         let sum = crc(out);
         out[24..32].copy_from_slice(&sum.to_le_bytes());
-        let written = direct.append.write_all_at(out, start % JOURNAL_BYTES);
+        let written = direct.append.write_all_at(out, start % self.bytes);
         {
             let mut spare = self.spare_buffers.lock();
             if spare.len() < SPARE_BUFFERS_MAX {
@@ -283,7 +296,7 @@ impl Journal {
             let ring = self.ring.lock();
             records
                 .iter()
-                .map(|&r| (ring.live[ring.slot(r)].start % JOURNAL_BYTES, BLOCK_BYTES))
+                .map(|&r| (ring.live[ring.slot(r)].start % self.bytes, BLOCK_BYTES))
                 .collect()
         };
         let direct = self
@@ -321,7 +334,7 @@ impl Journal {
                 match runs.last_mut() {
                     Some((_, end, records))
                         if *end == slot.start
-                            && slot.start % JOURNAL_BYTES != 0
+                            && slot.start % self.bytes != 0
                             && records.len() < ERASE_RUN_RECORDS_MAX =>
                     {
                         *end += slot.len;
@@ -341,7 +354,7 @@ impl Journal {
             let mut at = *start;
             while at < *end {
                 let n = (end - at).min(ERASE_WRITE_BYTES_MAX as u64) as usize;
-                writes.push((at % JOURNAL_BYTES, n, run));
+                writes.push((at % self.bytes, n, run));
                 at += n as u64;
             }
         }

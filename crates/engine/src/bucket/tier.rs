@@ -58,6 +58,8 @@ pub struct JournalTier {
     /// The bucket's URL, recorded in the journal's directory so that it is never replayed into
     /// another bucket.
     pub bucket_url: String,
+    /// The ring's size; `None`: 256 MiB. Tests that make many journals make them small.
+    pub ring_bytes: Option<u64>,
 }
 
 #[derive(serde::Serialize, serde::Deserialize, Debug, Clone, PartialEq, Eq)]
@@ -236,10 +238,14 @@ impl JournaledBucket {
             }
         }
         let path = Self::journal_path(dir);
-        let (journal, records) = tokio::task::spawn_blocking(move || Journal::open(&path))
-            .await
-            .map_err(|e| StoreError::Permanent(format!("opening the journal: {e}")))?
-            .map_err(|e| io("opening", e))?;
+        let ring_bytes = self.tier.ring_bytes;
+        let (journal, records) = tokio::task::spawn_blocking(move || match ring_bytes {
+            Some(bytes) => Journal::open_sized(&path, bytes),
+            None => Journal::open(&path),
+        })
+        .await
+        .map_err(|e| StoreError::Permanent(format!("opening the journal: {e}")))?
+        .map_err(|e| io("opening", e))?;
         let had_records = !records.is_empty();
         let same = matches!((&marker, &local), (Some(m), Some(l)) if m.journal_id == l.journal_id);
         if let Some(m) = marker.as_ref().filter(|m| !m.journal_id.is_empty()) {
@@ -849,6 +855,7 @@ mod tests {
                 dir: Some(dir.clone()),
                 accept_loss: false,
                 bucket_url: "memory://unit".into(),
+                ring_bytes: None,
             },
         );
         b.begin_writing().await.unwrap();
@@ -921,6 +928,7 @@ mod tests {
                 dir: Some(dir.clone()),
                 accept_loss: false,
                 bucket_url: "memory://unit".into(),
+                ring_bytes: None,
             },
         ));
         b.begin_writing().await.unwrap();

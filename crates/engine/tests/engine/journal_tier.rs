@@ -24,6 +24,7 @@ fn tier(dir: Option<&Path>, accept_loss: bool) -> JournalTier {
         dir: dir.map(Path::to_path_buf),
         accept_loss,
         bucket_url: "memory://tier-test".into(),
+        ring_bytes: None,
     }
 }
 
