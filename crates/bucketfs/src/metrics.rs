@@ -269,6 +269,7 @@ impl Collector for Sample {
         for (name, help, value) in counters {
             single(e, name, help, Counter, |m| counter(m, value))?;
         }
+        let j = &self.journal;
         let gauges = [
             (
                 "bucketfs_pending_bytes",
@@ -291,12 +292,6 @@ impl Collector for Sample {
                  replay.",
                 s.log_objects_since_checkpoint,
             ),
-        ];
-        for (name, help, value) in gauges {
-            single(e, name, help, Gauge, |m| gauge(m, value))?;
-        }
-        let j = &self.journal;
-        let journal = [
             (
                 "bucketfs_journal_backlog_objects",
                 "Changes acknowledged by the journal tier ([storage.journal]) and not yet in the \
@@ -309,7 +304,7 @@ impl Collector for Sample {
                 j.bytes,
             ),
         ];
-        for (name, help, value) in journal {
+        for (name, help, value) in gauges {
             single(e, name, help, Gauge, |m| gauge(m, value))?;
         }
         single(

@@ -838,9 +838,9 @@ mod tests {
         }
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn puts_are_acknowledged_from_the_journal_and_deletes_wait_for_earlier_puts() {
-        let dir = std::env::temp_dir().join(format!("bucketfs-tier-unit-{}", std::process::id()));
+    /// A journal tier in a fresh directory over a `Slow` memory bucket whose gate is closed.
+    fn journaled_over_slow(name: &str) -> (PathBuf, Arc<Slow>, JournaledBucket) {
+        let dir = std::env::temp_dir().join(format!("bucketfs-tier-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let slow = Arc::new(Slow {
             inner: open_url("memory://", &Vec::new()).unwrap(),
@@ -858,6 +858,12 @@ mod tests {
                 ring_bytes: None,
             },
         );
+        (dir, slow, b)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn puts_are_acknowledged_from_the_journal_and_deletes_wait_for_earlier_puts() {
+        let (dir, slow, b) = journaled_over_slow("unit");
         b.begin_writing().await.unwrap();
         // The bucket answers no PUT of a log object yet: these return from the journal.
         let mut keys = Vec::new();
@@ -913,24 +919,8 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_journaled_put_waits_while_the_backlog_is_full() {
-        let dir = std::env::temp_dir().join(format!("bucketfs-tier-full-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let slow = Arc::new(Slow {
-            inner: open_url("memory://", &Vec::new()).unwrap(),
-            gate: tokio::sync::Semaphore::new(0),
-            landed: Mutex::default(),
-            expected_before: Mutex::default(),
-            violations: Mutex::default(),
-        });
-        let b = Arc::new(JournaledBucket::new(
-            slow.clone(),
-            JournalTier {
-                dir: Some(dir.clone()),
-                accept_loss: false,
-                bucket_url: "memory://unit".into(),
-                ring_bytes: None,
-            },
-        ));
+        let (dir, slow, b) = journaled_over_slow("full");
+        let b = Arc::new(b);
         b.begin_writing().await.unwrap();
         for n in 0..JOURNAL_BACKLOG_OBJECTS_MAX {
             b.put(
