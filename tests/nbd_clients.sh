@@ -117,10 +117,14 @@ check_nbdcopy() {
 }
 
 fio_job() {
-    # 4 jobs on disjoint 48 MiB ranges, mixed block sizes, checksummed blocks; no verify state
-    # file (fio would leave one per job in the working directory).
+    # 4 jobs on disjoint ranges, mixed block sizes, checksummed blocks; no verify state file (fio
+    # would leave one per job in the working directory). Over S3 the ranges are 12 MiB, not 48:
+    # moto answers a range GET by copying the whole object, so the cold read-back after the
+    # restart costs minutes of the test machine per 48 MiB and checks nothing more.
+    local mib=48
+    [[ "$BACKEND" == s3 ]] && mib=12
     timeout "$BUCKETFS_CLIENT_TIMEOUT" fio --name=bucketfs --ioengine=nbd --uri="$(nbd_uri fio)" \
-        --rw=randwrite --bssplit=4k/40:8k/30:64k/20:1m/10 --size=48m --offset_increment=48m \
+        --rw=randwrite --bssplit=4k/40:8k/30:64k/20:1m/10 --size=${mib}m --offset_increment=${mib}m \
         --numjobs=4 --iodepth=8 --verify=crc32c --verify_fatal=1 --group_reporting "$@" \
         --verify_state_save=0 \
         >>"$CASE_DIR/fio.log" 2>&1

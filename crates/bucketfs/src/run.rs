@@ -5,6 +5,7 @@ use crate::config::{Compression, Config};
 use crate::exports::BlockDevices;
 use bucketfs_engine::bucket::{
     open_url, CountingBucket, JournalTier, JournaledBucket, RetryingBucket, SharedBucket,
+    TargetSpec,
 };
 use bucketfs_engine::{Codec, Engine, EngineOptions, KdfCost, TaskSet};
 use bucketfs_fs::Fs;
@@ -75,10 +76,30 @@ pub fn open_bucket(
     let store = open_url(&cfg.storage.url, &store_options(cfg))?;
     let counting = Arc::new(CountingBucket::new(store));
     let retrying: SharedBucket = Arc::new(RetryingBucket::new(counting.clone()));
+    let mut targets = Vec::new();
+    for t in cfg.storage.journal.all_targets() {
+        targets.push(match (t.path, t.url) {
+            (Some(path), _) => TargetSpec::Dir(path),
+            (None, Some(url)) => {
+                let mut options = store_options(cfg);
+                if let Some(endpoint) = &t.endpoint {
+                    options.retain(|(k, _)| k != "aws_endpoint");
+                    options.push(("aws_endpoint".into(), endpoint.clone()));
+                }
+                let store =
+                    open_url(&url, &options).map_err(|e| format!("journal target {url}: {e}"))?;
+                TargetSpec::Store { url, bucket: store }
+            }
+            (None, None) => {
+                return Err("storage.journal.targets: a target names neither path nor url".into())
+            }
+        });
+    }
     let journaled = Arc::new(JournaledBucket::new(
         retrying,
         JournalTier {
-            dir: cfg.storage.journal.path.clone(),
+            targets,
+            write_quorum: cfg.storage.journal.quorum(),
             accept_loss: accept_journal_loss,
             bucket_url: cfg.storage.url.clone(),
             ring_bytes: None,

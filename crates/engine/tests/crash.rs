@@ -16,7 +16,7 @@
 
 use bucketfs_engine::bucket::{
     open_url, CrashableBucket, FreezePlan, JournalTier, JournaledBucket, RetryingBucket,
-    SharedBucket,
+    SharedBucket, TargetSpec,
 };
 use bucketfs_engine::limits::EXTENT_SIZE_BYTES;
 use bucketfs_engine::{
@@ -228,7 +228,8 @@ async fn live(
         bucket = Arc::new(JournaledBucket::new(
             bucket,
             JournalTier {
-                dir: Some(dir.to_path_buf()),
+                targets: vec![TargetSpec::Dir(dir.to_path_buf())],
+                write_quorum: 1,
                 accept_loss: false,
                 bucket_url: "memory://crash".into(),
                 // Small: a new journal is written whole, and every odd seed makes one.

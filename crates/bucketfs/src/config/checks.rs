@@ -338,3 +338,41 @@ pub(super) fn check_export(value: &Value) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// An entry of `storage.journal.targets`: a table with `path` (a local directory) or `url` (an
+/// object store) and, with `url`, an optional `endpoint`.
+pub(super) fn check_journal_target(value: &Value) -> Result<(), String> {
+    const FIELDS: &str = "path, or url and endpoint";
+    let Value::Table(fields) = value else {
+        return Err(format!(
+            "expected a table such as {{ path = \"/var/lib/bucketfs/journal\" }} or \
+             {{ url = \"s3://zonal-bucket/journal\" }}, found {}",
+            describe(value)
+        ));
+    };
+    for (name, field) in fields {
+        match name.as_str() {
+            "path" => check_path(field).map_err(|m| format!("path: {m}"))?,
+            "url" => check_storage_url(field).map_err(|m| format!("url: {m}"))?,
+            "endpoint" => check_string(field).map_err(|m| format!("endpoint: {m}"))?,
+            other => {
+                return Err(format!(
+                    "unknown key {other:?} (a journal target takes {FIELDS})"
+                ))
+            }
+        }
+    }
+    match (fields.contains_key("path"), fields.contains_key("url")) {
+        (true, false) if fields.contains_key("endpoint") => {
+            Err("endpoint goes with url, not with path".into())
+        }
+        (true, false) | (false, true) => Ok(()),
+        (true, true) => {
+            Err("give either path (a local directory) or url (an object store), not both".into())
+        }
+        (false, false) => Err(
+            "path or url is missing: every target names a local directory or an object store"
+                .into(),
+        ),
+    }
+}

@@ -9,10 +9,11 @@ use std::sync::LazyLock;
 
 use toml::{Table, Value};
 
-use super::checks::{check_allow, check_export, check_tls_mode, check_token};
+use super::checks::{check_allow, check_export, check_journal_target, check_tls_mode, check_token};
 use super::checks::{
-    check_bool, check_compression, check_flush_interval, check_path, check_positive_seconds,
-    check_size, check_socket_address, check_storage_url, check_string, check_unix_socket, CheckFn,
+    check_bool, check_compression, check_count, check_flush_interval, check_path,
+    check_positive_seconds, check_size, check_socket_address, check_storage_url, check_string,
+    check_unix_socket, CheckFn,
 };
 
 /// How the value of a key is checked after substitution.
@@ -148,6 +149,28 @@ const DECLARED: &[Key] = &[
          loses what the bucket had not yet received. Unset: a flush waits for the bucket. \
          A bucket written through a journal refuses to start without it (and says which) \
          unless `bucketfs run --accept-journal-loss`. docs/0009-journal-tier.md.",
+    ),
+    key(
+        "storage.journal.targets",
+        Each(check_journal_target),
+        Example(
+            "[{ path = \"/nvme/bucketfs-journal\" }, \
+             { url = \"s3://journal-zone-b/bucketfs\", endpoint = \"https://s3.zone-b.example\" }, \
+             { url = \"s3://journal-zone-c/bucketfs\" }]",
+        ),
+        "Instead of path: a journal of several targets, written as [[storage.journal.targets]] \
+         tables, each a local directory (path) or an object store (url, with its own endpoint \
+         if it is S3 elsewhere; the [aws], [gcp] and [azure] credentials apply). A flush \
+         returns once write_quorum of them hold its data, so it survives the loss of any \
+         write_quorum - 1 of them, at the latency of the write_quorum-th fastest; a start needs \
+         targets - write_quorum + 1 of them. docs/0009-journal-tier.md.",
+    ),
+    key(
+        "storage.journal.write_quorum",
+        One(check_count),
+        Example("2"),
+        "Targets of storage.journal.targets that must hold a write before a flush returns, \
+         from 1 to their number. Unset: a majority of them.",
     ),
     key(
         "cache.dir",

@@ -94,8 +94,42 @@ pub struct StorageConfig {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct JournalConfig {
-    /// A directory on a fast local disk; unset: no journal.
+    /// A directory on a fast local disk (one target); unset with no `targets`: no journal.
     pub path: Option<PathBuf>,
+    /// `[[storage.journal.targets]]`: several targets, of which `write_quorum` hold each write.
+    pub targets: Option<Vec<JournalTargetConfig>>,
+    /// Unset: a majority of the targets.
+    pub write_quorum: Option<usize>,
+}
+
+/// One entry of `[[storage.journal.targets]]` (checks.rs checks it before this reads it):
+/// a local directory (`path`) or an object store (`url`, and for S3 an `endpoint` of its own).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JournalTargetConfig {
+    pub path: Option<PathBuf>,
+    pub url: Option<String>,
+    pub endpoint: Option<String>,
+}
+
+impl JournalConfig {
+    /// The targets, `path` being the one-target case.
+    pub fn all_targets(&self) -> Vec<JournalTargetConfig> {
+        match (&self.path, &self.targets) {
+            (Some(path), _) => vec![JournalTargetConfig {
+                path: Some(path.clone()),
+                ..Default::default()
+            }],
+            (None, Some(targets)) => targets.clone(),
+            (None, None) => Vec::new(),
+        }
+    }
+
+    /// The write quorum: as set, or a majority of the targets.
+    pub fn quorum(&self) -> usize {
+        let n = self.all_targets().len();
+        self.write_quorum.unwrap_or(n / 2 + 1).clamp(1, n.max(1))
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
@@ -483,6 +517,28 @@ impl Config {
                 return Err(invalid(
                     "servers.nfs.listen",
                     format!("{address} clashes with {earlier}, {where_}"),
+                ));
+            }
+        }
+        let journal = &self.storage.journal;
+        if journal.path.is_some() && journal.targets.is_some() {
+            return Err(invalid(
+                "storage.journal.targets",
+                "set either storage.journal.path (one local directory) or storage.journal.targets, not both".into(),
+            ));
+        }
+        if let Some(w) = journal.write_quorum {
+            let n = journal.targets.as_ref().map_or(0, Vec::len);
+            if journal.targets.is_none() {
+                return Err(invalid(
+                    "storage.journal.write_quorum",
+                    "only a journal of [[storage.journal.targets]] has a write quorum".into(),
+                ));
+            }
+            if w == 0 || w > n {
+                return Err(invalid(
+                    "storage.journal.write_quorum",
+                    format!("{w} with {n} targets: it must be between 1 and the number of targets"),
                 ));
             }
         }

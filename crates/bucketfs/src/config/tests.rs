@@ -297,6 +297,7 @@ fn full_file_sets_every_field() {
             outage_timeout_s: 600,
             journal: JournalConfig {
                 path: Some(PathBuf::from("/var/lib/bucketfs/journal")),
+                ..Default::default()
             },
         },
         cache: CacheConfig {

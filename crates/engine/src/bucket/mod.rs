@@ -8,6 +8,7 @@ mod crashable;
 mod faults;
 pub(crate) mod journal;
 mod local;
+mod quorum;
 mod retry;
 mod store;
 mod tier;
@@ -16,6 +17,7 @@ pub use counting::{CountingBucket, OpStats, RequestCounts, StoreOp};
 pub use crashable::{CrashableBucket, FreezePlan};
 pub use faults::{Fault, FaultyBucket};
 pub use local::LocalBucket;
+pub use quorum::TargetSpec;
 pub use retry::{RetryLimits, RetryingBucket};
 pub use store::{open_object_store, ObjectStoreBucket, StoreOptions};
 pub use tier::{

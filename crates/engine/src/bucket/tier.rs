@@ -17,7 +17,8 @@
 //! queue. A writer that finds it but not the journal it names refuses to start, unless told to
 //! accept the loss.
 
-use super::journal::{Journal, Ticket, JOURNAL_OBJECT_BYTES_MAX};
+use super::journal::JOURNAL_OBJECT_BYTES_MAX;
+use super::quorum::{self, Identity, Quorum, QuorumTicket, TargetSpec};
 use super::{Bucket, DeleteMode, ObjectInfo, PutMode, SharedBucket, StoreError};
 use crate::lease::LOCK_KEY;
 use async_trait::async_trait;
@@ -25,7 +26,6 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{oneshot, Notify};
@@ -50,9 +50,11 @@ const RETRY_MAX: Duration = Duration::from_secs(10);
 /// What `[storage.journal]` and the command line say.
 #[derive(Debug, Clone)]
 pub struct JournalTier {
-    /// The journal's directory (a fast local disk); `None`: no journal, but a writer still
-    /// refuses a bucket whose marker names one.
-    pub dir: Option<PathBuf>,
+    /// The journal's targets (local directories on fast disks, object stores); none: no
+    /// journal, but a writer still refuses a bucket whose marker names one.
+    pub targets: Vec<TargetSpec>,
+    /// Targets that must hold a record before it is acknowledged (1 to the number of targets).
+    pub write_quorum: usize,
     /// `--accept-journal-loss`: start even if the journal the bucket names is missing.
     pub accept_loss: bool,
     /// The bucket's URL, recorded in the journal's directory so that it is never replayed into
@@ -60,15 +62,6 @@ pub struct JournalTier {
     pub bucket_url: String,
     /// The ring's size; `None`: 256 MiB. Tests that make many journals make them small.
     pub ring_bytes: Option<u64>,
-}
-
-#[derive(serde::Serialize, serde::Deserialize, Debug, Clone, PartialEq, Eq)]
-struct Identity {
-    journal_id: String,
-    bucket: String,
-    host: String,
-    dir: String,
-    uploads_in_flight: usize,
 }
 
 /// How far the uploads from the journal lag behind.
@@ -88,7 +81,7 @@ pub struct JournaledBucket {
 
 struct Shared {
     remote: SharedBucket,
-    journal: Mutex<Option<Arc<Journal>>>,
+    journal: Mutex<Option<Arc<Quorum>>>,
     state: Mutex<State>,
     /// Woken whenever an operation is queued or finishes.
     changed: Notify,
@@ -132,7 +125,7 @@ enum OpKind {
     Put {
         data: Bytes,
         mode: PutMode,
-        ticket: Option<Ticket>,
+        ticket: Option<QuorumTicket>,
     },
     Delete(DeleteMode),
 }
@@ -169,21 +162,28 @@ impl JournaledBucket {
 
     /// The guarantee a barrier gives with this configuration, as `bucketfs run` prints it.
     pub fn guarantee(&self) -> String {
-        match &self.tier.dir {
-            None => "no journal: a flush returns once its data is in the bucket".into(),
-            Some(dir) => format!(
+        let targets = &self.tier.targets;
+        let (n, w) = (
+            targets.len(),
+            self.tier.write_quorum.clamp(1, targets.len().max(1)),
+        );
+        match targets.as_slice() {
+            [] => "no journal: a flush returns once its data is in the bucket".into(),
+            [TargetSpec::Dir(dir)] => format!(
                 "journal in {}: a flush returns once its data is in the journal there (it survives a crash of this process and a power loss); the bucket receives it in the background, in order. Losing this machine's disk loses what the bucket had not yet received",
                 dir.display()
             ),
+            [one] => format!(
+                "journal in {}: a flush returns once its data is stored there; the bucket receives it in the background, in order. Losing that store loses what the bucket had not yet received",
+                one.name()
+            ),
+            _ => format!(
+                "journal of {n} targets ({}), write quorum {w}: a flush returns once {w} of them hold its data; the bucket receives it in the background, in order. Losing any {} of them loses nothing acknowledged; a start needs {} of them",
+                targets.iter().map(|t| t.name()).collect::<Vec<_>>().join(", "),
+                w - 1,
+                n + 1 - w
+            ),
         }
-    }
-
-    fn journal_path(dir: &Path) -> PathBuf {
-        dir.join("journal")
-    }
-
-    fn identity_path(dir: &Path) -> PathBuf {
-        dir.join("journal.id")
     }
 
     async fn read_marker(&self) -> Result<Option<Identity>, StoreError> {
@@ -211,57 +211,82 @@ impl JournaledBucket {
         }
     }
 
-    /// Opens the journal (blocking I/O), uploads what it holds in order, and writes the marker.
-    async fn start_journal(&self, dir: &Path, marker: Option<Identity>) -> Result<(), StoreError> {
-        let io = |what: &str, e: std::io::Error| {
-            StoreError::Permanent(format!("journal {}: {what}: {e}", dir.display()))
+    /// Opens the journal's targets, uploads what they hold, starts a new epoch in every target
+    /// and writes the marker.
+    async fn start_journal(&self, marker: Option<Identity>) -> Result<(), StoreError> {
+        let names: Vec<String> = self.tier.targets.iter().map(|t| t.name()).collect();
+        let n = names.len();
+        let w = self.tier.write_quorum.clamp(1, n);
+        let fresh = Identity {
+            journal_id: format!("{:016x}", rand::random::<u64>()),
+            bucket: self.tier.bucket_url.clone(),
+            host: hostname(),
+            dir: names.join(", "),
+            uploads_in_flight: JOURNAL_UPLOADS_IN_FLIGHT,
+            epoch: 1,
+            targets: n,
+            write_quorum: w,
         };
-        std::fs::create_dir_all(dir).map_err(|e| io("creating the directory", e))?;
-        let local: Option<Identity> = match std::fs::read(Self::identity_path(dir)) {
-            Ok(body) => Some(serde_json::from_slice(&body).map_err(|e| {
-                StoreError::Permanent(format!(
-                    "{} is not valid: {e}",
-                    Self::identity_path(dir).display()
-                ))
-            })?),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-            Err(e) => return Err(io("reading journal.id", e)),
-        };
-        if let Some(local) = &local {
-            if local.bucket != self.tier.bucket_url {
-                return Err(StoreError::Permanent(format!(
-                    "journal {} belongs to the bucket {}, not {}: give each bucket a journal directory of its own",
-                    dir.display(),
-                    local.bucket,
-                    self.tier.bucket_url
-                )));
-            }
+        let (quorum, opened) = Quorum::open(
+            &self.tier.targets,
+            w,
+            self.tier.ring_bytes,
+            &self.tier.bucket_url,
+            fresh.clone(),
+        )
+        .await?;
+        let named = marker.as_ref().filter(|m| !m.journal_id.is_empty());
+        let holds =
+            |id: &Identity, m: &Identity| id.journal_id == m.journal_id && id.epoch >= m.epoch;
+        let usable: Vec<bool> = opened
+            .iter()
+            .map(|o| match (&o.found, named) {
+                (Ok((Some(id), _)), Some(m)) => holds(id, m),
+                _ => false,
+            })
+            .collect();
+        let held = usable.iter().filter(|u| **u).count();
+        let same = named.is_some_and(|m| held >= m.read_quorum());
+        if let Some(m) = named.filter(|_| !same) {
+            let each: Vec<String> = opened
+                .iter()
+                .map(|o| {
+                    let what = match &o.found {
+                        Err(e) => format!("unreachable ({e})"),
+                        Ok((None, _)) => "holds no journal (new or emptied)".into(),
+                        Ok((Some(id), _)) if id.journal_id != m.journal_id => {
+                            "holds another journal".into()
+                        }
+                        Ok((Some(id), _)) if id.epoch < m.epoch => {
+                            "holds an older state of it (it was left out)".into()
+                        }
+                        Ok(_) => "holds it".into(),
+                    };
+                    format!("{}: {what}", o.name)
+                })
+                .collect();
+            self.loss(
+                m,
+                &format!(
+                    "{held} of the targets configured here hold it and {} must be read ({})",
+                    m.read_quorum(),
+                    each.join("; ")
+                ),
+            )?;
         }
-        let path = Self::journal_path(dir);
-        let ring_bytes = self.tier.ring_bytes;
-        let (journal, records) = tokio::task::spawn_blocking(move || match ring_bytes {
-            Some(bytes) => Journal::open_sized(&path, bytes),
-            None => Journal::open(&path),
-        })
-        .await
-        .map_err(|e| StoreError::Permanent(format!("opening the journal: {e}")))?
-        .map_err(|e| io("opening", e))?;
-        let had_records = !records.is_empty();
-        let same = matches!((&marker, &local), (Some(m), Some(l)) if m.journal_id == l.journal_id);
-        if let Some(m) = marker.as_ref().filter(|m| !m.journal_id.is_empty()) {
-            if !same {
-                self.loss(
-                    m,
-                    &format!("the journal in {} is another one or new", dir.display()),
-                )?;
-            }
-        }
-        if same {
+        let stale: usize = opened
+            .iter()
+            .filter_map(|o| o.found.as_ref().ok())
+            .map(|(_, r)| r.len())
+            .sum();
+        let mut identity = fresh;
+        if let Some(m) = named.filter(|_| same) {
+            let records = quorum::union(opened, &usable);
             tracing::info!(
                 records = records.len(),
                 "uploading what the journal holds before opening the bucket"
             );
-            // Distinct keys (a key used again was deleted durably, its record cleared first),
+            // Distinct keys (a key used again was deleted durably, its records dropped first),
             // so they may land in any order; open accepts the gaps that leaves if it stops.
             use futures::{StreamExt, TryStreamExt};
             futures::stream::iter(records)
@@ -269,50 +294,24 @@ impl JournaledBucket {
                 .buffer_unordered(JOURNAL_UPLOADS_IN_FLIGHT)
                 .try_collect::<()>()
                 .await?;
-        } else if !records.is_empty() {
+            identity.journal_id = m.journal_id.clone();
+            identity.epoch = m.epoch + 1;
+        } else if stale > 0 {
             // Records of a journal the bucket does not name: stale (its marker was given up).
             tracing::warn!(
-                records = records.len(),
+                records = stale,
                 "the journal holds records of an earlier journal the bucket no longer names; discarding them"
             );
         }
-        // Emptied only if something is in it: that writes the whole ring (256 MiB).
-        let journal = if had_records {
-            tokio::task::spawn_blocking(move || journal.reset().map(|()| journal))
-                .await
-                .map_err(|e| StoreError::Permanent(format!("emptying the journal: {e}")))?
-                .map_err(|e| io("emptying", e))?
-        } else {
-            journal
-        };
-        let identity = match (same, local) {
-            (true, Some(l)) => l,
-            _ => Identity {
-                journal_id: format!("{:016x}", rand::random::<u64>()),
-                bucket: self.tier.bucket_url.clone(),
-                host: hostname(),
-                dir: dir.display().to_string(),
-                uploads_in_flight: JOURNAL_UPLOADS_IN_FLIGHT,
-            },
-        };
-        write_durably(
-            &Self::identity_path(dir),
-            &serde_json::to_vec_pretty(&identity).expect("serialises"),
-        )
-        .map_err(|e| io("writing journal.id", e))?;
-        // The marker first: no PUT is acknowledged by the journal before the bucket names it.
-        self.remote
-            .put(
-                JOURNAL_MARKER_KEY,
-                Bytes::from(serde_json::to_vec_pretty(&identity).expect("serialises")),
-                PutMode::Overwrite,
-            )
-            .await?;
-        *self.shared.journal.lock() = Some(Arc::new(journal));
+        quorum.start_epoch(identity.clone()).await?;
+        // The marker after the targets: none is read unless it holds this epoch, and no PUT is
+        // acknowledged by the journal before the bucket names it.
+        write_marker(&self.remote, &identity).await?;
+        *self.shared.journal.lock() = Some(Arc::new(quorum));
         self.shared.state.lock().active = true;
         let shared = self.shared.clone();
         tokio::spawn(async move { shared.run_uploads().await });
-        tracing::info!(dir = %dir.display(), "journal open: {}", self.guarantee());
+        tracing::info!("journal open: {}", self.guarantee());
         Ok(())
     }
 
@@ -540,17 +539,20 @@ impl Shared {
             }
         };
         if let (Some(journal), Some(ticket)) = (&journal, ticket) {
-            let j = journal.clone();
-            let released = tokio::task::spawn_blocking(move || j.release(vec![ticket])).await;
-            if !matches!(released, Ok(Ok(()))) {
-                tracing::warn!(%key, "could not clear a journal record whose object is in the bucket; a restart uploads it again");
-            }
+            journal.release(ticket).await;
         }
         if let (Some(journal), OpKind::Delete(DeleteMode::Durable)) = (&journal, &kind) {
-            // Earlier records of this key were cleared when their PUTs finished; make that
-            // durable, so that no restart brings the object back.
-            let j = journal.clone();
-            let _ = tokio::task::spawn_blocking(move || j.sync()).await;
+            // Earlier records of this key were released when their PUTs finished; make that
+            // durable, so that no restart brings the object back. Targets that could not are
+            // left out, and a new epoch keeps the next open from reading them.
+            if !journal.settle().await.is_empty() {
+                let mut identity = journal.identity();
+                identity.epoch += 1;
+                journal.advance_epoch(identity.clone()).await;
+                if let Err(e) = write_marker(&self.remote, &identity).await {
+                    tracing::error!(error = %e, "could not record in the bucket that journal targets were left out; they would be read at the next start");
+                }
+            }
         }
         let done = {
             let mut st = self.state.lock();
@@ -608,19 +610,15 @@ fn hostname() -> String {
         .unwrap_or_else(|_| "this machine".into())
 }
 
-/// Writes a small file so that it survives a crash: a staging file, fsync, rename, directory
-/// fsync.
-fn write_durably(path: &Path, body: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    let staging = path.with_extension("new");
-    let mut f = std::fs::File::create(&staging)?;
-    f.write_all(body)?;
-    f.sync_all()?;
-    std::fs::rename(&staging, path)?;
-    if let Some(dir) = path.parent() {
-        std::fs::File::open(dir)?.sync_all()?;
-    }
-    Ok(())
+/// Writes the marker that names the journal (and its epoch) to the remote bucket.
+async fn write_marker(remote: &SharedBucket, identity: &Identity) -> Result<(), StoreError> {
+    remote
+        .put(
+            JOURNAL_MARKER_KEY,
+            Bytes::from(serde_json::to_vec_pretty(identity).expect("serialises")),
+            PutMode::Overwrite,
+        )
+        .await
 }
 
 #[async_trait]
@@ -636,17 +634,13 @@ impl Bucket for JournaledBucket {
         if journal.is_some() {
             self.wait_for_backlog_room().await;
         }
-        let ticket = match (&journal, mode) {
+        let (ticket, journaled) = match (&journal, mode) {
             (Some(j), PutMode::Create) if data.len() <= JOURNAL_OBJECT_BYTES_MAX => {
-                let (j, k, d) = (j.clone(), key.to_string(), data.clone());
-                tokio::task::spawn_blocking(move || j.append(&k, &d))
-                    .await
-                    .map_err(|e| StoreError::Transient(format!("journal append: {e}")))?
-                    .map_err(|e| StoreError::Transient(format!("journal append: {e}")))?
+                let (ticket, held) = j.append(key, &data).await;
+                (Some(ticket), held)
             }
-            _ => None,
+            _ => (None, false),
         };
-        let journaled = ticket.is_some();
         let rx = self.enqueue(key, OpKind::Put { data, mode, ticket }, !journaled)?;
         self.wait_done(rx).await
     }
@@ -712,9 +706,9 @@ impl Bucket for JournaledBucket {
     async fn begin_writing(&self) -> Result<(), StoreError> {
         self.remote.begin_writing().await?;
         let marker = self.read_marker().await?;
-        match &self.tier.dir {
-            Some(dir) => self.start_journal(dir, marker).await,
-            None => {
+        match self.tier.targets.is_empty() {
+            false => self.start_journal(marker).await,
+            true => {
                 if let Some(m) = marker {
                     if !m.journal_id.is_empty() {
                         self.loss(&m, "no [storage.journal] is configured here")?;
@@ -725,13 +719,7 @@ impl Bucket for JournaledBucket {
                             journal_id: String::new(),
                             ..m
                         };
-                        self.remote
-                            .put(
-                                JOURNAL_MARKER_KEY,
-                                Bytes::from(serde_json::to_vec_pretty(&note).expect("serialises")),
-                                PutMode::Overwrite,
-                            )
-                            .await?;
+                        write_marker(&self.remote, &note).await?;
                     }
                     self.shared.state.lock().loss_marker = true;
                 }
@@ -759,7 +747,7 @@ impl Bucket for JournaledBucket {
             }
             let journal = self.shared.journal.lock().clone();
             if let Some(j) = journal {
-                let _ = tokio::task::spawn_blocking(move || j.sync()).await;
+                j.sync().await;
             }
             self.shared.state.lock().active = false;
             self.remote
@@ -779,6 +767,7 @@ impl Bucket for JournaledBucket {
 mod tests {
     use super::*;
     use crate::bucket::open_url;
+    use std::path::PathBuf;
 
     /// A remote whose PUTs wait for `gate` and then take a while (the later ones longer, so a
     /// DELETE of an early key could overtake them), and which notes, at each DELETE, every PUT
@@ -852,7 +841,8 @@ mod tests {
         let b = JournaledBucket::new(
             slow.clone(),
             JournalTier {
-                dir: Some(dir.clone()),
+                targets: vec![TargetSpec::Dir(dir.clone())],
+                write_quorum: 1,
                 accept_loss: false,
                 bucket_url: "memory://unit".into(),
                 ring_bytes: None,
@@ -951,5 +941,74 @@ mod tests {
             JOURNAL_BACKLOG_OBJECTS_MAX + 1
         );
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A target that cannot drop the record of an object deleted durably would bring the
+    /// object back at the next start: it is left out, and a new epoch keeps the next open from
+    /// reading it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_target_that_keeps_a_durably_deleted_objects_record_is_left_out() {
+        use crate::bucket::{Fault, FaultyBucket};
+        let remote = Arc::new(FaultyBucket::new(
+            open_url("memory://", &Vec::new()).unwrap(),
+        ));
+        let stores: Vec<Arc<FaultyBucket>> = (0..3)
+            .map(|_| {
+                Arc::new(FaultyBucket::new(
+                    open_url("memory://", &Vec::new()).unwrap(),
+                ))
+            })
+            .collect();
+        let b = JournaledBucket::new(
+            remote.clone(),
+            JournalTier {
+                targets: stores
+                    .iter()
+                    .enumerate()
+                    .map(|(i, s)| TargetSpec::Store {
+                        url: format!("memory://target-{i}"),
+                        bucket: s.clone(),
+                    })
+                    .collect(),
+                write_quorum: 2,
+                accept_loss: false,
+                bucket_url: "memory://unit".into(),
+                ring_bytes: None,
+            },
+        );
+        b.begin_writing().await.unwrap();
+        let epoch = |body: Bytes| serde_json::from_slice::<Identity>(&body).unwrap().epoch;
+        assert_eq!(epoch(remote.get(JOURNAL_MARKER_KEY).await.unwrap()), 1);
+
+        // The upload is slow; meanwhile the third target stops answering, so it keeps the
+        // record once the object is in the bucket.
+        remote.set(Fault::Delay(Duration::from_millis(300)));
+        b.put("pins/a", Bytes::from_static(b"pin"), PutMode::Create)
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        stores[2].set(Fault::FailAll);
+        b.delete("pins/a", DeleteMode::Durable).await.unwrap();
+        remote.set(Fault::None);
+        stores[2].set(Fault::None);
+
+        assert_eq!(
+            epoch(remote.get(JOURNAL_MARKER_KEY).await.unwrap()),
+            2,
+            "the marker moved to a new epoch"
+        );
+        for (i, s) in stores.iter().enumerate() {
+            let id = epoch(s.get("journal/journal.id").await.unwrap());
+            assert_eq!(id, if i == 2 { 1 } else { 2 }, "target {i}");
+        }
+        assert_eq!(
+            stores[2].list("journal/records/").await.unwrap().len(),
+            1,
+            "the left-out target kept the record"
+        );
+        for s in &stores[..2] {
+            assert!(s.list("journal/records/").await.unwrap().is_empty());
+        }
+        b.end_writing().await.unwrap();
     }
 }

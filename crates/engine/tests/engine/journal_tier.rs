@@ -1,10 +1,12 @@
 //! The journal tier (bucket/tier.rs, docs/0009-journal-tier.md): a flush returns once its log
-//! object is in a local journal, even while the bucket refuses every PUT; a crash loses nothing
-//! so acknowledged; and a writer that cannot find the journal the bucket names refuses to start
-//! unless told to accept the loss.
+//! object is in a local journal (or in two of three object-store targets), even while the bucket
+//! refuses every PUT; a crash loses nothing so acknowledged; and a writer that cannot read the
+//! journal the bucket names (enough of its targets) refuses to start unless told to accept the
+//! loss.
 
 use bucketfs_engine::bucket::{
-    Fault, JournalTier, JournaledBucket, SharedBucket, JOURNAL_MARKER_KEY,
+    open_url, Fault, FaultyBucket, JournalTier, JournaledBucket, SharedBucket, TargetSpec,
+    JOURNAL_MARKER_KEY,
 };
 use bucketfs_engine::{Engine, EngineError, EngineOptions, Fill};
 use std::path::{Path, PathBuf};
@@ -21,7 +23,10 @@ fn journal_dir(name: &str) -> PathBuf {
 
 fn tier(dir: Option<&Path>, accept_loss: bool) -> JournalTier {
     JournalTier {
-        dir: dir.map(Path::to_path_buf),
+        targets: dir
+            .map(|d| vec![TargetSpec::Dir(d.to_path_buf())])
+            .unwrap_or_default(),
+        write_quorum: 1,
         accept_loss,
         bucket_url: "memory://tier-test".into(),
         ring_bytes: None,
@@ -152,4 +157,103 @@ async fn a_lost_journal_is_refused_unless_the_loss_is_accepted() {
     assert!(e.read(1, 0, 4096).await.unwrap() == pattern(1, 4096));
     e.close().await.unwrap();
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Three object-store journal targets, two of which must hold a write.
+fn quorum_targets() -> Vec<Arc<FaultyBucket>> {
+    (0..3)
+        .map(|_| {
+            Arc::new(FaultyBucket::new(
+                open_url("memory://", &Vec::new()).unwrap(),
+            ))
+        })
+        .collect()
+}
+
+fn quorum_tier(targets: &[Arc<FaultyBucket>]) -> JournalTier {
+    JournalTier {
+        targets: targets
+            .iter()
+            .enumerate()
+            .map(|(i, b)| TargetSpec::Store {
+                url: format!("memory://target-{i}"),
+                bucket: b.clone(),
+            })
+            .collect(),
+        write_quorum: 2,
+        accept_loss: false,
+        bucket_url: "memory://tier-test".into(),
+        ring_bytes: None,
+    }
+}
+
+/// A flush the bucket refused, acknowledged by the quorum: returns within 5 s.
+async fn flush_into_journal_only(w: &World, e: &Engine, offset: u64, seed: u8) {
+    w.faults.set(Fault::FailPuts);
+    e.write(1, offset, 8192, Fill::Data(&pattern(seed, 8192)))
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(5), e.flush())
+        .await
+        .expect("a flush returns once two of the three targets hold it")
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quorum_journal_answers_with_two_of_three_targets_and_opens_from_two() {
+    let w = world();
+    let targets = quorum_targets();
+    // The third target is unreachable from the start.
+    targets[2].set(Fault::FailAll);
+    let e = open_tier(&w, quorum_tier(&targets)).await.unwrap();
+    e.write(1, 0, 8192, Fill::Data(&pattern(1, 8192)))
+        .await
+        .unwrap();
+    e.flush().await.unwrap();
+    let before = log_count(&w).await;
+    flush_into_journal_only(&w, &e, 8192, 2).await;
+    assert_eq!(log_count(&w).await, before, "only the journal holds it");
+    crash(&w, e).await;
+    w.faults.set(Fault::None);
+
+    // One target of the two that hold it is not enough to start from.
+    targets[1].set(Fault::FailAll);
+    let err = open_tier(&w, quorum_tier(&targets))
+        .await
+        .err()
+        .expect("a start that cannot read two targets must refuse");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("--accept-journal-loss") && msg.contains("memory://target-1: unreachable"),
+        "{msg}"
+    );
+
+    // Two: the acknowledged write is uploaded first and read back.
+    targets[1].set(Fault::None);
+    let e = open_tier(&w, quorum_tier(&targets)).await.unwrap();
+    let mut expect = pattern(1, 8192);
+    expect.extend(pattern(2, 8192));
+    assert!(e.read(1, 0, 16384).await.unwrap() == expect);
+
+    // The third target comes back and joins; the first then hangs: the quorum goes on
+    // without it.
+    targets[2].set(Fault::None);
+    targets[0].set(Fault::Hang);
+    flush_into_journal_only(&w, &e, 16384, 3).await;
+    crash(&w, e).await;
+    w.faults.set(Fault::None);
+    targets[0].set(Fault::FailAll);
+    let e = open_tier(&w, quorum_tier(&targets)).await.unwrap();
+    expect.extend(pattern(3, 8192));
+    assert!(
+        e.read(1, 0, 24576).await.unwrap() == expect,
+        "the write the second and third targets held is there"
+    );
+    targets[0].set(Fault::None);
+    e.close().await.unwrap();
+    drop(e);
+    assert!(matches!(
+        w.bucket.get(JOURNAL_MARKER_KEY).await,
+        Err(bucketfs_engine::bucket::StoreError::NotFound(_))
+    ));
 }
