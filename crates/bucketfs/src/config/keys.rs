@@ -158,8 +158,9 @@ const DECLARED: &[Key] = &[
              { url = \"s3://journal-zone-b/bucketfs\", endpoint = \"https://s3.zone-b.example\" }, \
              { url = \"s3://journal-zone-c/bucketfs\" }]",
         ),
-        "Instead of path: a journal of several targets, written as [[storage.journal.targets]] \
-         tables, each a local directory (path) or an object store (url, with its own endpoint \
+        "Targets of the journal besides path (or instead of it), written as \
+         [[storage.journal.targets]] tables, each a local directory (path) or an object store \
+         (url, with its own endpoint \
          if it is S3 elsewhere; the [aws], [gcp] and [azure] credentials apply). A flush \
          returns once write_quorum of them hold its data, so it survives the loss of any \
          write_quorum - 1 of them, at the latency of the write_quorum-th fastest; a start needs \
@@ -169,8 +170,8 @@ const DECLARED: &[Key] = &[
         "storage.journal.write_quorum",
         One(check_count),
         Example("2"),
-        "Targets of storage.journal.targets that must hold a write before a flush returns, \
-         from 1 to their number. Unset: a majority of them.",
+        "Journal targets (storage.journal.path and storage.journal.targets) that must hold a \
+         write before a flush returns, from 1 to their number. Unset: a majority of them.",
     ),
     key(
         "cache.dir",

@@ -96,7 +96,8 @@ pub struct StorageConfig {
 pub struct JournalConfig {
     /// A directory on a fast local disk (one target); unset with no `targets`: no journal.
     pub path: Option<PathBuf>,
-    /// `[[storage.journal.targets]]`: several targets, of which `write_quorum` hold each write.
+    /// `[[storage.journal.targets]]`: more targets (after `path`, if set), of which
+    /// `write_quorum` hold each write.
     pub targets: Option<Vec<JournalTargetConfig>>,
     /// Unset: a majority of the targets.
     pub write_quorum: Option<usize>,
@@ -113,16 +114,13 @@ pub struct JournalTargetConfig {
 }
 
 impl JournalConfig {
-    /// The targets, `path` being the one-target case.
+    /// The targets: `path` first, then `targets`.
     pub fn all_targets(&self) -> Vec<JournalTargetConfig> {
-        match (&self.path, &self.targets) {
-            (Some(path), _) => vec![JournalTargetConfig {
-                path: Some(path.clone()),
-                ..Default::default()
-            }],
-            (None, Some(targets)) => targets.clone(),
-            (None, None) => Vec::new(),
-        }
+        let path = self.path.iter().map(|p| JournalTargetConfig {
+            path: Some(p.clone()),
+            ..Default::default()
+        });
+        path.chain(self.targets.iter().flatten().cloned()).collect()
     }
 
     /// The write quorum: as set, or a majority of the targets.
@@ -521,24 +519,15 @@ impl Config {
             }
         }
         let journal = &self.storage.journal;
-        if journal.path.is_some() && journal.targets.is_some() {
-            return Err(invalid(
-                "storage.journal.targets",
-                "set either storage.journal.path (one local directory) or storage.journal.targets, not both".into(),
-            ));
-        }
         if let Some(w) = journal.write_quorum {
-            let n = journal.targets.as_ref().map_or(0, Vec::len);
-            if journal.targets.is_none() {
-                return Err(invalid(
-                    "storage.journal.write_quorum",
-                    "only a journal of [[storage.journal.targets]] has a write quorum".into(),
-                ));
-            }
+            let n = journal.all_targets().len();
             if w == 0 || w > n {
                 return Err(invalid(
                     "storage.journal.write_quorum",
-                    format!("{w} with {n} targets: it must be between 1 and the number of targets"),
+                    format!(
+                        "{w} with {n} journal targets (storage.journal.path and \
+                         storage.journal.targets): it must be between 1 and their number"
+                    ),
                 ));
             }
         }

@@ -144,7 +144,7 @@ fn init_template_lists_every_key_and_its_examples_are_valid() {
         .iter()
         .filter(|leaf| !leaf.starts_with("tuning."))
         .count();
-    assert_eq!(untuned, 39);
+    assert_eq!(untuned, 41);
     for leaf in leaves {
         assert!(lookup(&table, leaf).is_some(), "the template lacks {leaf}");
     }
@@ -1150,4 +1150,49 @@ fn non_loopback_nbd_warns_unless_tls_with_client_certificates_is_required() {
         warning(&format!("{TLS_FILES}tls_client_ca = \"/ca.pem\"\n")),
         None
     );
+}
+
+#[test]
+fn journal_targets_and_their_quorum() {
+    let config = parse(
+        "[storage.journal]\npath = \"/nvme/j\"\nwrite_quorum = 2\n\
+         [[storage.journal.targets]]\nurl = \"s3://zone-b/j\"\nendpoint = \"http://10.0.0.2:9000\"\n\
+         [[storage.journal.targets]]\nurl = \"s3://zone-c/j\"\n",
+    )
+    .unwrap();
+    let targets = config.storage.journal.all_targets();
+    assert_eq!(targets.len(), 3);
+    assert_eq!(targets[0].path, Some(PathBuf::from("/nvme/j")));
+    assert_eq!(targets[1].endpoint.as_deref(), Some("http://10.0.0.2:9000"));
+    assert_eq!(config.storage.journal.quorum(), 2);
+    // Unset: a majority.
+    let config = parse(
+        "[[storage.journal.targets]]\npath = \"/a\"\n[[storage.journal.targets]]\npath = \"/b\"\n\
+         [[storage.journal.targets]]\npath = \"/c\"\n",
+    )
+    .unwrap();
+    assert_eq!(config.storage.journal.quorum(), 2);
+
+    assert_eq!(
+        error("[storage.journal]\npath = \"/a\"\nwrite_quorum = 2\n"),
+        "bucketfs.toml: storage.journal.write_quorum: 2 with 1 journal targets \
+         (storage.journal.path and storage.journal.targets): it must be between 1 and their number"
+    );
+    assert_eq!(
+        error("[[storage.journal.targets]]\npath = \"/a\"\nurl = \"s3://b/j\"\n"),
+        "bucketfs.toml: storage.journal.targets[0]: give either path (a local directory) or \
+         url (an object store), not both"
+    );
+    assert_eq!(
+        error("[[storage.journal.targets]]\nendpoint = \"http://x\"\n"),
+        "bucketfs.toml: storage.journal.targets[0]: path or url is missing: every target names \
+         a local directory or an object store"
+    );
+    assert_eq!(
+        error("[[storage.journal.targets]]\nurl = \"s3://b/j\"\nregion = \"x\"\n"),
+        "bucketfs.toml: storage.journal.targets[0]: unknown key \"region\" (a journal target \
+         takes path, or url and endpoint)"
+    );
+    assert!(error("[[storage.journal.targets]]\nurl = \"ftp://b/j\"\n")
+        .starts_with("bucketfs.toml: storage.journal.targets[0]: url: unsupported scheme"));
 }
