@@ -30,8 +30,10 @@ requires nbdfuse fusermount3 losetup mkfs.ext4 e2fsck fuser pgrep timeout
 requires "$PG_BIN/postgres" "$PG_BIN/pgbench" "$PG_BIN/pg_amcheck" "$PG_BIN/psql"
 
 ROUNDS=${BUCKETFS_PG_LEDGER_ROUNDS:-6}
-# tests/pg_journal.sh sets this: the same rounds through a journal tier ([storage.journal]), the
-# S3 backend behind a 20 ms link, then the journal's loss cases (journal_cases below).
+# tests/pg_journal.sh sets this to 1: the same rounds through a journal tier ([storage.journal]),
+# the S3 backend behind a 20 ms link, then the journal's loss cases (journal_cases below).
+# tests/pg_quorum.sh sets it to 2: a journal of three targets, two of which must hold a write
+# (quorum_setup, quorum_cases).
 JOURNAL=${PG_LEDGER_JOURNAL:-0}
 JOURNAL_LATENCY=20ms
 ((ROUNDS >= 1)) || die "BUCKETFS_PG_LEDGER_ROUNDS must be at least 1"
@@ -158,7 +160,8 @@ run_case() {
     # The postgres user must reach the mount point and the socket directory below these.
     chmod 755 "$TEST_DIR" "$CASE_DIR"
     make_config "$CASE_DIR/server" "$BACKEND"
-    ((JOURNAL)) && journal_setup
+    ((JOURNAL == 1)) && journal_setup
+    ((JOURNAL == 2)) && quorum_setup
     config_set "$CONFIG" tuning log_objects_per_checkpoint_min "$LOG_OBJECTS_PER_CHECKPOINT_MIN"
     config_set "$CONFIG" tuning log_objects_per_checkpoint_max "$LOG_OBJECTS_PER_CHECKPOINT_MAX"
     start_bucketfs "$CONFIG"
@@ -283,9 +286,9 @@ SQL
     stop_bucketfs
     log "totals: $ROUNDS rounds ($cache_losses with the cache deleted), $total_acked ids acknowledged," \
         "all present; $total_extra more committed in flight; $((SECONDS - began)) s"
-    if ((JOURNAL)); then
-        journal_cases
-    fi
+    ((JOURNAL == 1)) && journal_cases
+    ((JOURNAL == 2)) && quorum_cases
+    return 0
 }
 
 # --- the journal tier (tests/pg_journal.sh) ------------------------------------------------------
@@ -297,14 +300,43 @@ journal_setup() {
     FAULT_FILE=$CASE_DIR/fault
     config_set "$CONFIG" storage.journal path "\"$JOURNAL_DIR\""
     if [[ $BACKEND == s3 ]]; then
-        local port
-        port=$(pick_unused_port)
-        "$BUCKETFS_TEST_PYTHON" "$REPO_ROOT/bench/s3proxy.py" --listen "127.0.0.1:$port" \
-            --upstream "${S3_ENDPOINT#http://}" --latency "$JOURNAL_LATENCY" --fault-while "$FAULT_FILE" \
-            >>"$CASE_DIR/s3proxy.log" 2>&1 &
-        register_pid $!
-        wait_for 30 _port_open "$port" || die "s3proxy did not start: $(cat "$CASE_DIR/s3proxy.log")"
-        config_set "$CONFIG" aws endpoint "\"http://127.0.0.1:$port\""
+        config_set "$CONFIG" aws endpoint "\"$(start_proxy "$JOURNAL_LATENCY" "$FAULT_FILE")\""
+    fi
+}
+
+# Prints the endpoint of a new bench/s3proxy.py in front of moto: LATENCY added to every
+# request, every request refused while FAULT_FILE exists.
+start_proxy() { # start_proxy LATENCY FAULT_FILE
+    local port
+    port=$(pick_unused_port)
+    "$BUCKETFS_TEST_PYTHON" "$REPO_ROOT/bench/s3proxy.py" --listen "127.0.0.1:$port" \
+        --upstream "${S3_ENDPOINT#http://}" --latency "$1" --fault-while "$2" \
+        >>"$CASE_DIR/s3proxy.log" 2>&1 &
+    register_pid $!
+    wait_for 30 _port_open "$port" || die "s3proxy did not start: $(cat "$CASE_DIR/s3proxy.log")"
+    echo "http://127.0.0.1:$port"
+}
+
+# Three targets, write quorum 2. Over S3: prefixes of the test bucket, each behind a proxy of
+# its own (2, 5 and 20 ms), the third refusing every request from the start: one target is
+# unreachable throughout the rounds. Over file://: three local directories.
+quorum_setup() {
+    local i latencies=(2ms 5ms 20ms)
+    FAULT_FILE=$CASE_DIR/fault
+    QUORUM_DIRS=("$CASE_DIR/journal-a" "$CASE_DIR/journal-b" "$CASE_DIR/journal-c")
+    QUORUM_FAULTS=("$CASE_DIR/fault-a" "$CASE_DIR/fault-b" "$CASE_DIR/fault-c")
+    config_set "$CONFIG" storage.journal write_quorum 2
+    for i in 0 1 2; do
+        if [[ $BACKEND == s3 ]]; then
+            printf '[[storage.journal.targets]]\nurl = "%s"\nendpoint = "%s"\n' \
+                "$BUCKET_URL-journal-$i" "$(start_proxy "${latencies[$i]}" "${QUORUM_FAULTS[$i]}")" >>"$CONFIG"
+        else
+            printf '[[storage.journal.targets]]\npath = "%s"\n' "${QUORUM_DIRS[$i]}" >>"$CONFIG"
+        fi
+    done
+    if [[ $BACKEND == s3 ]]; then
+        printf 'refuse\n' >"${QUORUM_FAULTS[2]}"
+        config_set "$CONFIG" aws endpoint "\"$(start_proxy "$JOURNAL_LATENCY" "$FAULT_FILE")\""
     fi
 }
 
@@ -356,6 +388,50 @@ journal_cases() {
     sed -i "\|^path = \"$JOURNAL_DIR\"|d" "$CONFIG"
     expect_refused_start "no journal configured"
     log "journal cases: ok"
+}
+
+# The quorum's cases, on the NBD level: a flush returns once two targets hold it (over S3 while
+# the bucket and the third target refuse every request) and is there after kill -9 and a start
+# that reads two targets; a start that can read only one refuses, naming --accept-journal-loss.
+quorum_cases() {
+    local name=qcase
+    start_bucketfs "$CONFIG"
+    grep -q "durability: journal of 3 targets" <(bucketfs_log_current) ||
+        die "bucketfs run did not print the quorum's guarantee at start"
+    create_export "$name" 16M
+    qio "$name" "write -P 0x11 0 1M" "flush"
+    [[ $BACKEND == s3 ]] && printf 'refuse\n' >"$FAULT_FILE"
+    qio "$name" "write -P 0x22 0 1M" "flush"
+    kill9_bucketfs
+    rm -f "$FAULT_FILE"
+    if [[ $BACKEND == s3 ]]; then
+        log "a flush returned while the bucket and the third target refused every request"
+    else
+        rm -rf "${QUORUM_DIRS[2]}"
+        log "the third target deleted while the server is down"
+    fi
+    start_bucketfs "$CONFIG"
+    qio "$name" "read -P 0x22 0 1M"
+    log "after kill -9, a start that read two of the three targets has the data"
+
+    [[ $BACKEND == s3 ]] && printf 'refuse\n' >"$FAULT_FILE"
+    qio "$name" "write -P 0x33 0 1M" "flush"
+    kill9_bucketfs
+    rm -f "$FAULT_FILE"
+    if [[ $BACKEND == s3 ]]; then
+        printf 'refuse\n' >"${QUORUM_FAULTS[1]}"
+        expect_refused_start "one of three targets reachable"
+        rm -f "${QUORUM_FAULTS[1]}"
+        start_bucketfs "$CONFIG"
+        qio "$name" "read -P 0x33 0 1M"
+        log "with the second target back: the data is there"
+    else
+        rm -rf "${QUORUM_DIRS[0]}" "${QUORUM_DIRS[1]}"
+        expect_refused_start "two of three targets deleted"
+        start_bucketfs "$CONFIG" --accept-journal-loss
+    fi
+    stop_bucketfs
+    log "quorum cases: ok"
 }
 
 for_each_backend run_case
