@@ -400,6 +400,14 @@ quorum_cases() {
         die "bucketfs run did not print the quorum's guarantee at start"
     create_export "$name" 16M
     qio "$name" "write -P 0x11 0 1M" "flush"
+    if [[ $BACKEND == s3 ]]; then
+        local states
+        states=$(status_json | "$BUCKETFS_TEST_PYTHON" -c 'import json, sys
+print(" ".join(t["state"] for t in json.load(sys.stdin)["journal"]["targets"]))')
+        [[ $states == "ok ok joining" || $states == "ok ok failing" ]] ||
+            die "bucketfs status shows the targets as \"$states\", not two ok and the third unreachable"
+        log "bucketfs status: targets $states"
+    fi
     [[ $BACKEND == s3 ]] && printf 'refuse\n' >"$FAULT_FILE"
     qio "$name" "write -P 0x22 0 1M" "flush"
     kill9_bucketfs

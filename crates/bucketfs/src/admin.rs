@@ -328,16 +328,23 @@ pub async fn call(path: &Path, request: &Request) -> Result<serde_json::Value, S
     }
 }
 
-/// The journal tier's backlog as `bucketfs status` shows it; null without a journal.
+/// The journal tier's backlog and targets as `bucketfs status` shows them; null without a
+/// journal.
 fn journal_status(journal: &JournaledBucket) -> serde_json::Value {
     if !journal.journaling() {
         return serde_json::Value::Null;
     }
     let b = journal.backlog();
+    let targets: Vec<serde_json::Value> = journal
+        .target_states()
+        .into_iter()
+        .map(|(name, state)| serde_json::json!({ "name": name, "state": state }))
+        .collect();
     serde_json::json!({
         "backlog_objects": b.objects,
         "backlog_bytes": b.bytes,
         "backlog_seconds": b.oldest.as_secs_f64(),
+        "targets": targets,
     })
 }
 

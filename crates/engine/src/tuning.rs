@@ -75,6 +75,12 @@ pub struct Tuning {
     /// Adjacent frames of one log object are fetched with one ranged GET while the gap between
     /// them is at most this many bytes.
     pub read_coalesce_gap_bytes: u64,
+    /// A read that misses both caches fetches the whole log object when it is at most this
+    /// many bytes and a disk cache is configured, and caches it: the blocks written with the
+    /// one asked for are usually read soon after (a database's crash recovery reads what it
+    /// wrote before the crash, after a restart emptied the caches), and an object-store GET
+    /// costs about the same for 1 MiB as for 1 KiB. 0 fetches only the frames asked for.
+    pub cold_read_whole_object_bytes_max: u64,
     /// A read that starts where the last read of the same inode ended has the next this many
     /// bytes fetched while its client handles it (engine/readahead.rs); 0 turns readahead off.
     /// Two 1 MiB requests ahead keep one client's sequential READs from waiting on the store.
@@ -117,6 +123,7 @@ impl Default for Tuning {
             reseal_extents_max: 65536,
             repack_extents_per_object: 112,
             read_coalesce_gap_bytes: 64 * 1024,
+            cold_read_whole_object_bytes_max: 4 << 20,
             readahead_bytes: 2 << 20,
             run_part_bytes: 64 << 20,
             run_merge_bytes_per_checkpoint: 256 << 20,
@@ -198,8 +205,9 @@ impl Tuning {
         if self.write_behind_gathered_bytes > PENDING_BYTES_MAX as u64
             || self.read_coalesce_gap_bytes > (PENDING_BYTES_MAX + EXTENT_SIZE_BYTES) as u64
             || self.readahead_bytes > PENDING_BYTES_MAX as u64
+            || self.cold_read_whole_object_bytes_max > PENDING_BYTES_MAX as u64
         {
-            return Err("tuning.write_behind_gathered_bytes, tuning.read_coalesce_gap_bytes and tuning.readahead_bytes must be at most 64 MiB".into());
+            return Err("tuning.write_behind_gathered_bytes, tuning.read_coalesce_gap_bytes, tuning.readahead_bytes and tuning.cold_read_whole_object_bytes_max must be at most 64 MiB".into());
         }
         Ok(())
     }

@@ -543,6 +543,26 @@ impl Quorum {
         }
     }
 
+    /// Each target and its state: `ok`, `failing` (its last record failed), `joining` (not yet
+    /// reachable since the start) or `left out` (for the rest of the run).
+    pub(super) fn states(&self) -> Vec<(String, &'static str)> {
+        self.targets
+            .iter()
+            .map(|t| {
+                let state = if t.dropped.load(Ordering::Acquire) {
+                    "left out"
+                } else if t.epoch.load(Ordering::Acquire) == 0 {
+                    "joining"
+                } else if t.failing.load(Ordering::Acquire) {
+                    "failing"
+                } else {
+                    "ok"
+                };
+                (t.name.clone(), state)
+            })
+            .collect()
+    }
+
     /// Makes the local rings' cleared records durable.
     pub(super) async fn sync(&self) {
         for t in &self.targets {

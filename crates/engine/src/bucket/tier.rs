@@ -389,6 +389,12 @@ impl JournaledBucket {
         }
     }
 
+    /// The journal's targets and their states (`ok`, `failing`, `joining`, `left out`).
+    pub fn target_states(&self) -> Vec<(String, &'static str)> {
+        let journal = self.shared.journal.lock().clone();
+        journal.map(|j| j.states()).unwrap_or_default()
+    }
+
     /// Whether changes go through a journal now (a writer with `[storage.journal]`, open).
     pub fn journaling(&self) -> bool {
         self.active()

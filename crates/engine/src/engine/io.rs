@@ -394,12 +394,29 @@ impl Engine {
                 .map(|((_, p), _)| u64::from(p.offset) + u64::from(p.length))
                 .max()
                 .expect("some missing");
-            let bytes = self.inner.bucket.get_range(&key, lo..hi).await?;
+            let whole = self.whole_object_size(seq);
+            let (lo, bytes) = match whole {
+                Some(_) => {
+                    let bytes = self.inner.bucket.get(&key).await?;
+                    if (bytes.len() as u64) < hi {
+                        return Err(EngineError::Corrupt(format!(
+                            "{key}: {} bytes in the bucket, frames up to byte {hi} expected",
+                            bytes.len()
+                        )));
+                    }
+                    if let Some(c) = &self.inner.disk_cache {
+                        c.put_object(Space::Log, seq, &bytes);
+                    }
+                    (0, bytes)
+                }
+                None => (lo, self.inner.bucket.get_range(&key, lo..hi).await?),
+            };
             for ((_, p), slot) in group.iter().zip(frames.iter_mut()) {
                 if slot.is_none() {
                     let at = (u64::from(p.offset) - lo) as usize;
                     let frame = bytes.slice(at..at + p.length as usize);
-                    if let Some(c) = &self.inner.disk_cache {
+                    // A whole object is in the disk cache already.
+                    if let Some(c) = self.inner.disk_cache.as_ref().filter(|_| whole.is_none()) {
                         c.put_piece(Space::Log, p.seq, p.offset.into(), &frame);
                     }
                     *slot = Some(frame);
@@ -421,6 +438,21 @@ impl Engine {
             }
         }
         Ok(out)
+    }
+
+    /// The size of log object `seq` when a read that misses the caches should fetch all of it
+    /// (`Tuning::cold_read_whole_object_bytes_max`, with a disk cache to keep it in). Sizes are
+    /// under the upload lock: a read never waits for it, and fetches frames while it is held.
+    fn whole_object_size(&self, seq: u64) -> Option<u64> {
+        let max = self.inner.tuning.cold_read_whole_object_bytes_max;
+        if max == 0 || self.inner.disk_cache.is_none() {
+            return None;
+        }
+        let ctl = self.inner.upload.try_lock().ok()?;
+        ctl.known_logs
+            .get(&seq)
+            .copied()
+            .filter(|size| *size <= max)
     }
 
     /// Allocation map of `ino` over `offset..offset+length`: runs of (length, allocated).

@@ -1,5 +1,6 @@
-//! The cache tiers under the metadata: run blocks evicted from the memory block cache are read
-//! again from the local disk cache, not from the bucket.
+//! The cache tiers: run blocks evicted from the memory block cache are read again from the
+//! local disk cache, not from the bucket; sequential reads are fetched ahead once; a cold read
+//! fetches a small log object whole.
 
 use async_trait::async_trait;
 use bucketfs_engine::bucket::{Bucket, DeleteMode, ObjectInfo, PutMode, SharedBucket, StoreError};
@@ -95,6 +96,7 @@ async fn run_blocks_evicted_from_memory_come_from_the_disk_cache_not_the_bucket(
 struct LogReads {
     inner: SharedBucket,
     bytes: AtomicU64,
+    requests: AtomicU64,
 }
 
 #[async_trait]
@@ -106,6 +108,7 @@ impl Bucket for LogReads {
         let data = self.inner.get(key).await?;
         if key.starts_with("log/") {
             self.bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
+            self.requests.fetch_add(1, Ordering::Relaxed);
         }
         Ok(data)
     }
@@ -113,6 +116,7 @@ impl Bucket for LogReads {
         if key.starts_with("log/") {
             self.bytes
                 .fetch_add(range.end - range.start, Ordering::Relaxed);
+            self.requests.fetch_add(1, Ordering::Relaxed);
         }
         self.inner.get_range(key, range).await
     }
@@ -155,6 +159,7 @@ async fn sequential_reads_are_fetched_ahead_once() {
     let counted = Arc::new(LogReads {
         inner: bucket,
         bytes: AtomicU64::new(0),
+        requests: AtomicU64::new(0),
     });
     let e = Engine::open(counted.clone(), opts).await.unwrap();
     let fetched = || counted.bytes.load(Ordering::Relaxed);
@@ -186,4 +191,52 @@ async fn sequential_reads_are_fetched_ahead_once() {
         fetched(),
         data.len()
     );
+}
+
+/// Writes 32 blocks of 4 KiB far apart in one log object, then reads them back in another
+/// order from an engine whose caches are empty (a restart): returns the GETs of log objects.
+async fn log_gets_of_cold_scattered_reads(whole_object_bytes_max: u64) -> u64 {
+    const BLOCKS: u64 = 32;
+    let w = world();
+    let e = crate::common::open(&w).await;
+    for i in 0..BLOCKS {
+        let block = crate::common::pattern(i as u8, 4096);
+        e.write(5, i * (1 << 20), 4096, bucketfs_engine::Fill::Data(&block))
+            .await
+            .unwrap();
+    }
+    e.close().await.unwrap();
+    let dir = std::env::temp_dir().join(format!(
+        "bucketfs-cold-read-{whole_object_bytes_max}-{}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut opts = EngineOptions::for_tests("pw");
+    opts.disk_cache_dir = Some(dir.clone());
+    opts.disk_cache_bytes_max = 1 << 30;
+    opts.tuning.readahead_bytes = 0;
+    opts.tuning.cold_read_whole_object_bytes_max = whole_object_bytes_max;
+    let (bucket, opts) = w.writer(opts);
+    let counted = Arc::new(LogReads {
+        inner: bucket,
+        bytes: AtomicU64::new(0),
+        requests: AtomicU64::new(0),
+    });
+    let e = Engine::open(counted.clone(), opts).await.unwrap();
+    for i in (0..BLOCKS).rev() {
+        let read = e.read(5, i * (1 << 20), 4096).await.unwrap();
+        assert!(read == crate::common::pattern(i as u8, 4096), "block {i}");
+    }
+    e.close().await.unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    counted.requests.load(Ordering::Relaxed)
+}
+
+/// A read that misses the caches fetches a small log object whole into the disk cache: the
+/// blocks written with it are then read without a request each (a database's crash recovery
+/// after a restart reads what it wrote before).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cold_read_fetches_a_small_log_object_whole() {
+    assert_eq!(log_gets_of_cold_scattered_reads(4 << 20).await, 1);
+    assert_eq!(log_gets_of_cold_scattered_reads(0).await, 32);
 }
