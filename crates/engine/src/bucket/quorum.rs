@@ -402,7 +402,9 @@ impl Quorum {
         key: &str,
         data: &Bytes,
     ) -> Result<Held, String> {
-        if t.epoch.load(Ordering::Acquire) != self.identity.lock().epoch {
+        // A target not reachable at the start joins now: emptied of what an earlier epoch left
+        // in it. (One moved to a new epoch meanwhile keeps its records: `advance_epoch`.)
+        if t.epoch.load(Ordering::Acquire) == 0 {
             self.identify(t, true).await?;
         }
         match &t.kind {

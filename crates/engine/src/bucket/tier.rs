@@ -753,7 +753,8 @@ impl Bucket for JournaledBucket {
             }
             let journal = self.shared.journal.lock().clone();
             if let Some(j) = journal {
-                j.sync().await;
+                // Records dropped where possible, so that the next start finds none to discard.
+                j.settle().await;
             }
             self.shared.state.lock().active = false;
             self.remote
