@@ -160,7 +160,7 @@ impl Program for MountProgram {
                 }
                 _ => return Err(AcceptStat::ProcUnavail),
             }
-            Ok(out.into_bytes())
+            Ok(out)
         })
     }
 }

@@ -46,9 +46,14 @@ pub async fn read_record<R: AsyncRead + Unpin>(
 /// `message` as one record of one fragment, ready to write.
 pub fn frame(message: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(4 + message.len());
-    out.extend_from_slice(&(LAST_FRAGMENT | message.len() as u32).to_be_bytes());
+    out.extend_from_slice(&record_mark(message.len()));
     out.extend_from_slice(message);
     out
+}
+
+/// The mark in front of a message of `len` bytes sent as one (last) fragment.
+pub fn record_mark(len: usize) -> [u8; 4] {
+    (LAST_FRAGMENT | len as u32).to_be_bytes()
 }
 
 #[cfg(test)]

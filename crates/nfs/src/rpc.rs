@@ -174,9 +174,14 @@ fn reply_head(xid: u32, stat: u32) -> Encoder {
 
 /// An accepted reply (with an empty AUTH_NONE verifier) carrying `body` after its status.
 pub fn accepted(xid: u32, stat: AcceptStat, body: &[u8]) -> Vec<u8> {
+    accepted_message(xid, stat, Encoder::from(body.to_vec())).into_bytes()
+}
+
+/// As `accepted`, with the body's large parts moved into the reply, not copied.
+pub fn accepted_message(xid: u32, stat: AcceptStat, body: Encoder) -> Encoder {
     let mut e = reply_head(xid, MSG_ACCEPTED);
-    e.u32(AUTH_NONE).opaque(&[]).u32(stat as u32).raw(body);
-    e.into_bytes()
+    e.u32(AUTH_NONE).opaque(&[]).u32(stat as u32).append(body);
+    e
 }
 
 /// PROG_MISMATCH: the program is served, in versions `low` to `high` only.

@@ -8,12 +8,13 @@
 //! whose connection broke before the reply came resends the call, and REMOVE run twice would
 //! answer NOENT for a removal that succeeded.
 
-use crate::record::{frame, read_record};
+use crate::record::{read_record, record_mark};
 use crate::rpc::{self, AcceptStat, Call, Refusal};
+use crate::xdr::Encoder;
 use parking_lot::Mutex;
 use std::future::Future;
 use std::hash::{BuildHasher, RandomState};
-use std::io;
+use std::io::{self, IoSlice};
 use std::net::IpAddr;
 use std::num::NonZeroUsize;
 use std::pin::Pin;
@@ -30,7 +31,7 @@ pub const REPLY_CACHE_ENTRIES: usize = 4096;
 
 /// The reply a program gives a call: its body after an accept_stat of SUCCESS, or another
 /// accept_stat (PROC_UNAVAIL, GARBAGE_ARGS, SYSTEM_ERR) with no body.
-pub type Outcome = Result<Vec<u8>, AcceptStat>;
+pub type Outcome = Result<Encoder, AcceptStat>;
 
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -103,18 +104,25 @@ impl Dispatcher {
     /// The reply to one record from the client at `peer`, or None when there is nothing to
     /// answer (not a call, or a copy of a call still running).
     pub async fn reply_to(&self, record: &[u8], peer: Option<IpAddr>) -> Option<Vec<u8>> {
+        self.reply_message(record, peer)
+            .await
+            .map(Encoder::into_bytes)
+    }
+
+    /// As `reply_to`, the reply kept in the parts it was built in (see `write_record`).
+    async fn reply_message(&self, record: &[u8], peer: Option<IpAddr>) -> Option<Encoder> {
         let mut call = match rpc::decode_call(record) {
             Ok(c) => c,
             Err(Refusal::Ignore) => return None,
-            Err(Refusal::Reply(r)) => return Some(r),
+            Err(Refusal::Reply(r)) => return Some(r.into()),
         };
         call.peer = peer;
         let Some(p) = self.programs.iter().find(|p| p.number() == call.prog) else {
-            return Some(rpc::accepted(call.xid, AcceptStat::ProgUnavail, &[]));
+            return Some(rpc::accepted(call.xid, AcceptStat::ProgUnavail, &[]).into());
         };
         let (low, high) = p.versions();
         if call.vers < low || call.vers > high {
-            return Some(rpc::prog_mismatch(call.xid, low, high));
+            return Some(rpc::prog_mismatch(call.xid, low, high).into());
         }
         if p.idempotent(call.procedure) {
             return Some(Self::run(p.as_ref(), &call).await);
@@ -123,7 +131,7 @@ impl Dispatcher {
         {
             let mut replies = self.replies.lock();
             match replies.get(&key) {
-                Some(Cached::Done(reply)) => return Some(reply.as_ref().clone()),
+                Some(Cached::Done(reply)) => return Some(reply.as_ref().clone().into()),
                 Some(Cached::Running) => return None,
                 None => {
                     replies.put(key, Cached::Running);
@@ -136,18 +144,19 @@ impl Dispatcher {
             replies: &self.replies,
             key: Some(key),
         };
-        let reply = Self::run(p.as_ref(), &call).await;
+        // The replies of calls that are not idempotent are small: one buffer in the cache.
+        let reply = Self::run(p.as_ref(), &call).await.into_bytes();
         let key = running.key.take().expect("set above");
         self.replies
             .lock()
             .put(key, Cached::Done(Arc::new(reply.clone())));
-        Some(reply)
+        Some(reply.into())
     }
 
-    async fn run(p: &dyn Program, call: &Call<'_>) -> Vec<u8> {
+    async fn run(p: &dyn Program, call: &Call<'_>) -> Encoder {
         match p.call(call).await {
-            Ok(body) => rpc::accepted(call.xid, AcceptStat::Success, &body),
-            Err(stat) => rpc::accepted(call.xid, stat, &[]),
+            Ok(body) => rpc::accepted_message(call.xid, AcceptStat::Success, body),
+            Err(stat) => rpc::accepted_message(call.xid, stat, Encoder::new()),
         }
     }
 
@@ -176,12 +185,12 @@ impl Dispatcher {
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
         let (mut rd, mut wr) = tokio::io::split(stream);
-        let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
+        let (tx, mut rx) = mpsc::unbounded_channel::<Encoder>();
         let writer = tokio::spawn(async move {
             while let Some(reply) = rx.recv().await {
-                wr.write_all(&frame(&reply)).await?;
+                write_record(&mut wr, reply).await?;
                 while let Ok(more) = rx.try_recv() {
-                    wr.write_all(&frame(&more)).await?;
+                    write_record(&mut wr, more).await?;
                 }
                 wr.flush().await?;
             }
@@ -197,7 +206,7 @@ impl Dispatcher {
             let slot = slots.clone().acquire_owned().await.expect("never closed");
             let (me, tx) = (self.clone(), tx.clone());
             tokio::spawn(async move {
-                if let Some(reply) = me.reply_to(&record, peer).await {
+                if let Some(reply) = me.reply_message(&record, peer).await {
                     let _ = tx.send(reply);
                 }
                 drop(slot);
@@ -210,9 +219,30 @@ impl Dispatcher {
     }
 }
 
+/// Writes one reply as one record: its record mark and its parts, gathered into as few
+/// `writev` calls as the socket takes, so a READ's data goes out of the buffer it was read into.
+async fn write_record<W: AsyncWrite + Unpin>(wr: &mut W, reply: Encoder) -> io::Result<()> {
+    let mark = record_mark(reply.len());
+    let parts = reply.into_parts();
+    let mut slices: Vec<IoSlice<'_>> = std::iter::once(&mark[..])
+        .chain(parts.iter().map(Vec::as_slice))
+        .map(IoSlice::new)
+        .collect();
+    let mut left = &mut slices[..];
+    while !left.is_empty() {
+        let n = wr.write_vectored(left).await?;
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        IoSlice::advance_slices(&mut left, n);
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::record::frame;
     use crate::rpc::{Credentials, AUTH_NONE, AUTH_SYS};
     use crate::xdr::{Decoder, Encoder};
     use std::time::Duration;
@@ -261,7 +291,7 @@ mod tests {
                     }
                     _ => return Err(AcceptStat::ProcUnavail),
                 }
-                Ok(out.into_bytes())
+                Ok(out)
             })
         }
         fn idempotent(&self, procedure: u32) -> bool {

@@ -107,10 +107,26 @@ impl<'a> Decoder<'a> {
     }
 }
 
+/// Opaque data at least this large, handed over whole (`opaque_owned`, `append`), stays a part
+/// of its own: a 1 MiB READ reply is then written to the socket from the buffer the read
+/// filled, not copied into each layer's message on the way (RPC header, record mark).
+const PART_BYTES_MIN: usize = 16 * 1024;
+
 /// Builds a message item by item.
 #[derive(Default)]
 pub struct Encoder {
+    /// The message's bytes before `buf`, in order: large data kept as it was handed over.
+    parts: Vec<Vec<u8>>,
     buf: Vec<u8>,
+}
+
+impl From<Vec<u8>> for Encoder {
+    fn from(buf: Vec<u8>) -> Encoder {
+        Encoder {
+            parts: Vec::new(),
+            buf,
+        }
+    }
 }
 
 impl Encoder {
@@ -144,22 +160,68 @@ impl Encoder {
         self.u32(v.len() as u32).fixed(v)
     }
 
+    /// Variable-length opaque data handed over whole: as `opaque`, without copying `v` when
+    /// it is large.
+    pub fn opaque_owned(&mut self, v: Vec<u8>) -> &mut Encoder {
+        let pad = padding(v.len());
+        self.u32(v.len() as u32).part(v);
+        self.buf.resize(self.buf.len() + pad, 0);
+        self
+    }
+
     /// Bytes already encoded (an RPC body built elsewhere).
     pub fn raw(&mut self, v: &[u8]) -> &mut Encoder {
         self.buf.extend_from_slice(v);
         self
     }
 
+    /// Another message's bytes after these, its large parts moved rather than copied.
+    pub fn append(&mut self, other: Encoder) -> &mut Encoder {
+        for p in other.parts {
+            self.part(p);
+        }
+        self.buf.extend_from_slice(&other.buf);
+        self
+    }
+
+    fn part(&mut self, v: Vec<u8>) -> &mut Encoder {
+        if v.len() < PART_BYTES_MIN {
+            self.buf.extend_from_slice(&v);
+        } else {
+            if !self.buf.is_empty() {
+                self.parts.push(std::mem::take(&mut self.buf));
+            }
+            self.parts.push(v);
+        }
+        self
+    }
+
     pub fn len(&self) -> usize {
-        self.buf.len()
+        self.parts.iter().map(Vec::len).sum::<usize>() + self.buf.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.buf.is_empty()
+        self.len() == 0
     }
 
+    /// The message in one buffer.
     pub fn into_bytes(self) -> Vec<u8> {
-        self.buf
+        if self.parts.is_empty() {
+            return self.buf;
+        }
+        let mut out = Vec::with_capacity(self.len());
+        for p in self.parts.iter().chain(std::iter::once(&self.buf)) {
+            out.extend_from_slice(p);
+        }
+        out
+    }
+
+    /// The message as the buffers it was built in, to be written one after another.
+    pub fn into_parts(mut self) -> Vec<Vec<u8>> {
+        if !self.buf.is_empty() {
+            self.parts.push(self.buf);
+        }
+        self.parts
     }
 }
 
@@ -185,6 +247,29 @@ mod tests {
         assert_eq!(d.opaque(16, "name"), Ok(&b"abcde"[..]));
         assert_eq!(d.fixed(2), Ok(&b"xy"[..]));
         assert!(d.is_empty());
+    }
+
+    #[test]
+    fn large_data_stays_a_part_of_its_own_and_encodes_as_if_copied() {
+        let big: Vec<u8> = (0..PART_BYTES_MIN + 3).map(|i| i as u8).collect();
+        let (mut owned, mut copied) = (Encoder::new(), Encoder::new());
+        owned
+            .u32(1)
+            .opaque_owned(big.clone())
+            .u32(2)
+            .opaque_owned(b"small".to_vec());
+        copied.u32(1).opaque(&big).u32(2).opaque(b"small");
+        let mut head = Encoder::new();
+        head.u32(9);
+        head.append(owned);
+        let mut expected = 9u32.to_be_bytes().to_vec();
+        expected.extend(copied.into_bytes());
+        assert_eq!(head.len(), expected.len());
+        let parts = head.into_parts();
+        // The header and length, the data itself (not copied), the padding and what follows.
+        assert_eq!(parts.len(), 3);
+        assert_eq!(parts[1], big);
+        assert_eq!(parts.concat(), expected);
     }
 
     #[test]

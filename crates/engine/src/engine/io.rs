@@ -221,7 +221,7 @@ impl Engine {
                 let task = tokio::spawn(async move {
                     let length = (to - from) as usize;
                     let _ = engine
-                        .ride_out_reads(|| engine.read_current(ino, from, length))
+                        .ride_out_reads(|| engine.read_current(ino, from, length, false))
                         .await;
                 });
                 let done = async move {
@@ -234,18 +234,21 @@ impl Engine {
                 fetch.await;
             }
         }
-        self.ride_out_reads(|| self.read_current(ino, offset, length))
+        self.ride_out_reads(|| self.read_current(ino, offset, length, true))
             .await
     }
 
+    /// Reads the range; with `assemble` unset (readahead) it only brings its extents into the
+    /// memory cache and answers an empty buffer.
     async fn read_current(
         &self,
         ino: u64,
         offset: u64,
         length: usize,
+        assemble: bool,
     ) -> Result<Vec<u8>, EngineError> {
         loop {
-            match self.read_once(ino, offset, length).await {
+            match self.read_once(ino, offset, length, assemble).await {
                 // The log object was collected after its extents were overwritten while this read
                 // was under way: look the extents up again.
                 Err((EngineError::Store(StoreError::NotFound(_)), commit_gen))
@@ -260,10 +263,10 @@ impl Engine {
         ino: u64,
         offset: u64,
         length: usize,
+        assemble: bool,
     ) -> Result<Vec<u8>, (EngineError, u64)> {
-        let mut out = vec![0u8; length];
         if length == 0 {
-            return Ok(out);
+            return Ok(Vec::new());
         }
         let first = offset / EXTENT_SIZE_BYTES_U64;
         let last = (offset + length as u64 - 1) / EXTENT_SIZE_BYTES_U64;
@@ -313,11 +316,20 @@ impl Engine {
             drop(st);
             found.extend(fetched);
         }
+        if !assemble {
+            return Ok(Vec::new());
+        }
+        // Each byte of the answer is written once, in order: the extents' bytes, and zeroes
+        // for the holes between them (a zero-filled buffer overwritten would write it twice).
+        found.sort_unstable_by_key(|(index, _)| *index);
+        let mut out = Vec::with_capacity(length);
         for (index, data) in found {
             let (start, end) = extent_span(index, offset, length as u64);
             let dst = (index * EXTENT_SIZE_BYTES_U64 + start as u64 - offset) as usize;
-            out[dst..dst + end - start].copy_from_slice(&data[start..end]);
+            out.resize(dst, 0);
+            out.extend_from_slice(&data[start..end]);
         }
+        out.resize(length, 0);
         Ok(out)
     }
 

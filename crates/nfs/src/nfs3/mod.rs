@@ -367,7 +367,7 @@ impl Nfs3Program {
                 let eof = offset.saturating_add(data.len() as u64) >= i.size_bytes;
                 out.u32(NFS3_OK);
                 post_op(out, Some(&i));
-                out.u32(data.len() as u32).bool(eof).opaque(&data);
+                out.u32(data.len() as u32).bool(eof).opaque_owned(data);
             }
             Err(e) => {
                 out.u32(Nfs3Error::from(&e).0);
@@ -653,7 +653,7 @@ impl Program for Nfs3Program {
                 21 => self.commit(call, &mut args, &mut out).await?,
                 _ => return Err(AcceptStat::ProcUnavail),
             }
-            Ok(out.into_bytes())
+            Ok(out)
         })
     }
 }
