@@ -28,6 +28,8 @@ impl Codec {
 const ZSTD_LEVEL: i32 = 1;
 
 thread_local! {
+    /// A compressed frame's body, opened, on its way to the decompressor: at most an extent.
+    static OPENED: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
     /// zstd contexts are costly to create (a measurable share of a flush when made per frame),
     /// so each thread keeps one of each.
     static ZSTD: std::cell::RefCell<(zstd::bulk::Compressor<'static>, zstd::bulk::Decompressor<'static>)> =
@@ -173,17 +175,35 @@ pub fn decode(sealer: &Sealer, ino: u64, index: u64, frame: &[u8]) -> Result<Vec
     let (&codec_byte, sealed) = frame
         .split_first()
         .ok_or_else(|| malformed("empty frame"))?;
-    let body = sealer
-        .open(&aad(ino, index, codec_byte), sealed)
-        .map_err(|_| FrameError::Authentication { ino, index })?;
-    let codec = Codec::from_byte(codec_byte).ok_or_else(|| malformed("unknown codec"))?;
-    let plain = match codec {
-        Codec::None => body,
-        Codec::Zstd => ZSTD
-            .with(|z| z.borrow_mut().1.decompress(&body, EXTENT_SIZE_BYTES))
-            .map_err(|e| malformed(&e.to_string()))?,
-        Codec::Lz4 => {
-            lz4_flex::decompress(&body, EXTENT_SIZE_BYTES).map_err(|e| malformed(&e.to_string()))?
+    let unauthentic = |_| FrameError::Authentication { ino, index };
+    let aad = aad(ino, index, codec_byte);
+    // Opened straight into the extent when stored plain; else into this thread's buffer, which
+    // the decompressor reads.
+    let plain = match Codec::from_byte(codec_byte) {
+        Some(Codec::None) => {
+            let mut out = vec![0u8; Sealer::opened_len(sealed).map_err(unauthentic)?];
+            sealer
+                .open_to_slice(&aad, sealed, &mut out)
+                .map_err(unauthentic)?;
+            out
+        }
+        Some(codec) => OPENED.with(|buf| {
+            let mut body = buf.borrow_mut();
+            body.resize(Sealer::opened_len(sealed).map_err(unauthentic)?, 0);
+            sealer
+                .open_to_slice(&aad, sealed, &mut body)
+                .map_err(unauthentic)?;
+            match codec {
+                Codec::Zstd => ZSTD
+                    .with(|z| z.borrow_mut().1.decompress(&body, EXTENT_SIZE_BYTES))
+                    .map_err(|e| malformed(&e.to_string())),
+                _ => lz4_flex::decompress(&body, EXTENT_SIZE_BYTES)
+                    .map_err(|e| malformed(&e.to_string())),
+            }
+        })?,
+        None => {
+            sealer.open(&aad, sealed).map_err(unauthentic)?;
+            return Err(malformed("unknown codec"));
         }
     };
     if plain.len() != EXTENT_SIZE_BYTES {
