@@ -42,6 +42,8 @@ pub const JOURNAL_UPLOADS_IN_FLIGHT: usize = 32;
 pub const JOURNAL_BACKLOG_OBJECTS_MAX: usize = 1024;
 /// DELETEs in flight at once (the collector deletes a checkpoint's dead objects in bursts).
 const DELETES_IN_FLIGHT: usize = 32;
+/// The keys of log objects (logobj::log_key).
+const LOG_PREFIX: &str = "log/";
 /// A failed upload from the journal is tried again after this long, doubling up to the maximum:
 /// the journal holds the object, so it is retried without end.
 const RETRY_FIRST: Duration = Duration::from_millis(200);
@@ -404,6 +406,16 @@ impl JournaledBucket {
         self.shared.state.lock().active
     }
 
+    /// Whether the remote bucket holds `key`: one ranged GET of its first byte (the objects
+    /// asked about, runs, manifests and named checkpoints, are never empty).
+    async fn remote_has(&self, key: &str) -> Result<bool, StoreError> {
+        match self.remote.get_range(key, 0..1).await {
+            Ok(_) => Ok(true),
+            Err(StoreError::NotFound(_)) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     /// The newest queued change of `key`: `Some(Some(bytes))` put, `Some(None)` deleted.
     fn newest(&self, key: &str) -> Option<Option<Bytes>> {
         self.shared
@@ -637,11 +649,25 @@ impl Bucket for JournaledBucket {
             return Err(StoreError::AlreadyExists(key.to_string()));
         }
         let journal = self.shared.journal.lock().clone();
+        let fits = journal.is_some() && data.len() <= JOURNAL_OBJECT_BYTES_MAX;
+        if mode == PutMode::Create
+            && fits
+            && !key.starts_with(LOG_PREFIX)
+            && self.newest(key).is_none()
+            && self.remote_has(key).await?
+        {
+            // A run, a manifest or a named checkpoint may meet what a crashed process left
+            // under its key; the engine replaces such a leftover when told AlreadyExists. Taken
+            // by the journal, the PUT would only fail at its upload (as a second writer's), so
+            // the bucket is asked first. A log object never meets one: open deletes, durably,
+            // every log object past the prefix before the first new one is written.
+            return Err(StoreError::AlreadyExists(key.to_string()));
+        }
         if journal.is_some() {
             self.wait_for_backlog_room().await;
         }
         let (ticket, journaled) = match (&journal, mode) {
-            (Some(j), PutMode::Create) if data.len() <= JOURNAL_OBJECT_BYTES_MAX => {
+            (Some(j), PutMode::Create) if fits => {
                 let (ticket, held) = j.append(key, &data).await;
                 (Some(ticket), held)
             }
@@ -856,6 +882,54 @@ mod tests {
             },
         );
         (dir, slow, b)
+    }
+
+    /// A run left in the bucket by a crashed process (no manifest names it) meets a new run of
+    /// the same key: the create is refused with AlreadyExists, as by the bucket itself, so the
+    /// engine replaces it; the journal's uploads go on. (Taken by the journal, it failed at its
+    /// upload as a second writer's, and every later barrier with it.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_create_over_a_leftover_of_a_crash_is_refused_not_journaled() {
+        let (dir, slow, b) = journaled_over_slow("leftover");
+        slow.gate.add_permits(1000);
+        slow.inner
+            .put(
+                "run/7",
+                Bytes::from_static(b"left by a crash"),
+                PutMode::Create,
+            )
+            .await
+            .unwrap();
+        b.begin_writing().await.unwrap();
+        assert!(matches!(
+            b.put("run/7", Bytes::from_static(b"new run"), PutMode::Create)
+                .await,
+            Err(StoreError::AlreadyExists(_))
+        ));
+        b.put("run/7", Bytes::from_static(b"new run"), PutMode::Overwrite)
+            .await
+            .unwrap();
+        // A new key still goes through the journal, and the uploads still run.
+        b.put("run/8", Bytes::from_static(b"another"), PutMode::Create)
+            .await
+            .unwrap();
+        b.put("log/1", Bytes::from_static(b"log"), PutMode::Create)
+            .await
+            .unwrap();
+        b.end_writing().await.unwrap();
+        assert_eq!(
+            slow.inner.get("run/7").await.unwrap(),
+            Bytes::from_static(b"new run")
+        );
+        assert_eq!(
+            slow.inner.get("run/8").await.unwrap(),
+            Bytes::from_static(b"another")
+        );
+        assert_eq!(
+            slow.inner.get("log/1").await.unwrap(),
+            Bytes::from_static(b"log")
+        );
+        let _ = std::fs::remove_dir_all(dir);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
