@@ -187,6 +187,11 @@ pub fn decode(sealer: &Sealer, ino: u64, index: u64, frame: &[u8]) -> Result<Vec
                 .map_err(unauthentic)?;
             out
         }
+        // A compressed body is kept only when smaller than the extent (`encode`); a longer
+        // one is corrupt, and must not grow this thread's buffer for good.
+        Some(_) if frame.len() > FRAME_BYTES_MAX => {
+            return Err(malformed("compressed frame longer than an extent"))
+        }
         Some(codec) => OPENED.with(|buf| {
             let mut body = buf.borrow_mut();
             body.resize(Sealer::opened_len(sealed).map_err(unauthentic)?, 0);
@@ -216,6 +221,17 @@ pub fn decode(sealer: &Sealer, ino: u64, index: u64, frame: &[u8]) -> Result<Vec
 mod tests {
     use super::*;
     use crate::crypto::DataKey;
+
+    #[test]
+    fn a_compressed_frame_longer_than_an_extent_is_malformed() {
+        let sealer = Sealer::new(&DataKey::for_tests(1));
+        let mut frame = vec![0u8; FRAME_BYTES_MAX + 1];
+        frame[0] = Codec::Zstd as u8;
+        assert!(matches!(
+            decode(&sealer, 1, 1, &frame),
+            Err(FrameError::Malformed { .. })
+        ));
+    }
 
     #[test]
     fn every_codec_round_trips_and_frames_cannot_move() {
