@@ -129,6 +129,8 @@ pub fn engine_options(cfg: &Config, password: String, read_only: bool) -> Engine
         tuning: cfg.tuning.clone(),
         kdf_cost: KdfCost::default(),
         tasks: TaskSet::default(),
+        // A reader never writes; a writer's tier journals records only with targets.
+        journaled_barriers: !read_only && !cfg.storage.journal.all_targets().is_empty(),
     }
 }
 

@@ -96,6 +96,17 @@ pub struct Tuning {
     /// A sweep of the bottom run begins once the deltas weigh this percent of it: lower means
     /// fewer runs for a lookup to ask and more bytes rewritten.
     pub sweep_after_delta_percent: u64,
+    /// With a journal tier (docs/0009, "Journaled barriers"): the batches that client barriers
+    /// wrote to the journal are sealed together into one log object for the bucket once the
+    /// oldest is this old, so the bucket takes a few objects a second however often clients
+    /// flush.
+    pub journal_coalesce_ms: u64,
+    /// ... or once they hold this many bytes of data.
+    pub journal_coalesce_bytes: u64,
+    /// A client barrier that finds more data than this pending seals it for the bucket and
+    /// waits for the bucket, as without a journal: the journal takes records of up to 1 MiB,
+    /// and a bulk writer gains nothing from writing its data twice.
+    pub journal_record_bytes_max: u64,
 }
 
 impl Default for Tuning {
@@ -129,6 +140,9 @@ impl Default for Tuning {
             run_merge_bytes_per_checkpoint: 256 << 20,
             delta_runs_per_merge: 4,
             sweep_after_delta_percent: 100,
+            journal_coalesce_ms: 200,
+            journal_coalesce_bytes: 8 << 20,
+            journal_record_bytes_max: 768 << 10,
         }
     }
 }
@@ -176,6 +190,7 @@ impl Tuning {
                 "barrier_gap_counted_max_us",
                 self.barrier_gap_counted_max_us,
             ),
+            ("journal_coalesce_ms", self.journal_coalesce_ms),
         ];
         for (key, value) in positive {
             if value == 0 {
@@ -188,6 +203,19 @@ impl Tuning {
         if self.dirty_bytes_flush_start > PENDING_BYTES_MAX as u64 {
             return Err(format!(
                 "tuning.dirty_bytes_flush_start must be at most {PENDING_BYTES_MAX} (the most one log object holds)"
+            ));
+        }
+        // A record holds the batch's frames (a few dozen bytes more than the data when
+        // incompressible) and its metadata ops: a quarter of the journal's limit is room for them.
+        let record_most = crate::bucket::journal::JOURNAL_OBJECT_BYTES_MAX as u64 * 3 / 4;
+        if self.journal_record_bytes_max > record_most {
+            return Err(format!(
+                "tuning.journal_record_bytes_max must be at most {record_most} (a record fits the journal with its metadata)"
+            ));
+        }
+        if self.journal_coalesce_bytes > PENDING_BYTES_MAX as u64 {
+            return Err(format!(
+                "tuning.journal_coalesce_bytes must be at most {PENDING_BYTES_MAX} (the most one log object holds)"
             ));
         }
         if self.repack_live_percent_max > 100 {

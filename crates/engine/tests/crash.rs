@@ -8,7 +8,8 @@
 //!
 //! Odd seeds write through a journal tier (bucket/tier.rs) in a directory that outlives each
 //! process, as a local disk does: there a barrier is acknowledged once journaled, and the crash
-//! freezes the bucket below the journal.
+//! freezes the bucket below the journal. Seeds 1 mod 4 journal each client barrier's batch as a
+//! record (engine/journaled.rs); seeds 3 mod 4 journal the log objects of the plain engine.
 //!
 //! `cargo test --release -p bucketfs-engine --test crash` runs CRASH_SEEDS_DEFAULT seeds; the soak
 //! (docs/testing.md) sets BUCKETFS_CRASH_SEEDS and BUCKETFS_CRASH_FIRST_SEED. A failure prints
@@ -210,7 +211,8 @@ fn describe_mismatch(history: &[Model], acked: usize, seen: &Model) -> String {
 /// then mutates until its view of the bucket freezes (or it has done enough).
 async fn live(
     store: &SharedBucket,
-    journal: Option<&std::path::Path>,
+    // The journal's directory, and whether barriers write records there.
+    journal: Option<(&std::path::Path, bool)>,
     rng: &mut Rng,
     plan: Option<FreezePlan>,
     tasks: TaskSet,
@@ -224,7 +226,7 @@ async fn live(
     } = expected;
     let view = Arc::new(CrashableBucket::new(store.clone(), plan));
     let mut bucket: SharedBucket = Arc::new(RetryingBucket::new(view.clone()));
-    if let Some(dir) = journal {
+    if let Some((dir, _)) = journal {
         bucket = Arc::new(JournaledBucket::new(
             bucket,
             JournalTier {
@@ -237,7 +239,8 @@ async fn live(
             },
         ));
     }
-    let opts = options(rng, tasks);
+    let mut opts = options(rng, tasks);
+    opts.journaled_barriers = journal.is_some_and(|(_, records)| records);
     let e = tokio::select! {
         opened = Engine::open(bucket, opts) => opened.map_err(|e| format!("open failed: {e}"))?,
         () = view.frozen() => {
@@ -510,7 +513,7 @@ fn run_seed(seed: u64, tally: &mut Tally) -> Result<(), String> {
         let tasks = TaskSet::default();
         let outcome = rt.block_on(live(
             &store,
-            journal.as_deref(),
+            journal.as_deref().map(|dir| (dir, seed % 4 == 1)),
             &mut rng,
             plan,
             tasks.clone(),

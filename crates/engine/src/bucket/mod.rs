@@ -60,6 +60,11 @@ pub enum DeleteMode {
     Garbage,
 }
 
+/// The folder of the engine's journal records (engine/journaled.rs): a journal tier keeps a
+/// create-only PUT under it in the journal only, and a DELETE drops it there; without a
+/// journal they are objects like any other.
+pub const JOURNAL_RECORD_PREFIX: &str = "jrec/";
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ObjectInfo {
     pub key: String,

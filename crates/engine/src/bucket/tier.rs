@@ -19,7 +19,9 @@
 
 use super::journal::JOURNAL_OBJECT_BYTES_MAX;
 use super::quorum::{self, Identity, Quorum, QuorumTicket, TargetSpec};
-use super::{Bucket, DeleteMode, ObjectInfo, PutMode, SharedBucket, StoreError};
+use super::{
+    Bucket, DeleteMode, ObjectInfo, PutMode, SharedBucket, StoreError, JOURNAL_RECORD_PREFIX,
+};
 use crate::lease::LOCK_KEY;
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -113,6 +115,9 @@ struct State {
     /// The marker says only that log objects may be missing between stored ones (a journal's
     /// loss was accepted); it is deleted at a clean stop.
     loss_marker: bool,
+    /// The engine's journal records (`JOURNAL_RECORD_PREFIX`) the journal holds: never
+    /// uploaded while running, dropped when the engine deletes them.
+    records: HashMap<String, (QuorumTicket, Bytes)>,
 }
 
 struct Op {
@@ -416,6 +421,31 @@ impl JournaledBucket {
         }
     }
 
+    /// A create-only PUT of an engine's journal record: acknowledged once the write quorum
+    /// holds it, and kept only there; if the quorum cannot take it, stored in the bucket.
+    async fn put_record(&self, key: &str, data: Bytes) -> Result<(), StoreError> {
+        let journal = self.shared.journal.lock().clone();
+        if let Some(j) = journal.filter(|_| data.len() <= JOURNAL_OBJECT_BYTES_MAX) {
+            let (ticket, held) = j.append(key, &data).await;
+            if held {
+                self.shared
+                    .state
+                    .lock()
+                    .records
+                    .insert(key.to_string(), (ticket, data));
+                return Ok(());
+            }
+            j.release(ticket).await;
+        }
+        upload_put(&self.remote, key, data, PutMode::Create).await
+    }
+
+    /// A journal record's bytes, while the journal holds it.
+    fn record(&self, key: &str) -> Option<Bytes> {
+        let st = self.shared.state.lock();
+        st.records.get(key).map(|(_, data)| data.clone())
+    }
+
     /// The newest queued change of `key`: `Some(Some(bytes))` put, `Some(None)` deleted.
     fn newest(&self, key: &str) -> Option<Option<Bytes>> {
         self.shared
@@ -645,6 +675,9 @@ impl Bucket for JournaledBucket {
         if !self.active() || key == LOCK_KEY || key == JOURNAL_MARKER_KEY {
             return self.remote.put(key, data, mode).await;
         }
+        if mode == PutMode::Create && key.starts_with(JOURNAL_RECORD_PREFIX) {
+            return self.put_record(key, data).await;
+        }
         if mode == PutMode::Create && matches!(self.newest(key), Some(Some(_))) {
             return Err(StoreError::AlreadyExists(key.to_string()));
         }
@@ -678,6 +711,9 @@ impl Bucket for JournaledBucket {
     }
 
     async fn get(&self, key: &str) -> Result<Bytes, StoreError> {
+        if let Some(data) = self.record(key) {
+            return Ok(data);
+        }
         match self.newest(key) {
             Some(Some(data)) => Ok(data),
             Some(None) => Err(StoreError::NotFound(key.to_string())),
@@ -686,7 +722,7 @@ impl Bucket for JournaledBucket {
     }
 
     async fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes, StoreError> {
-        match self.newest(key) {
+        match self.record(key).map(Some).or_else(|| self.newest(key)) {
             Some(Some(data)) => {
                 let end = (range.end as usize).min(data.len());
                 let start = (range.start as usize).min(end);
@@ -698,7 +734,19 @@ impl Bucket for JournaledBucket {
     }
 
     async fn delete(&self, key: &str, mode: DeleteMode) -> Result<(), StoreError> {
+        let held = self.shared.state.lock().records.remove(key);
+        if let Some((ticket, _)) = held {
+            let journal = self.shared.journal.lock().clone();
+            if let Some(j) = journal {
+                j.release(ticket).await;
+            }
+            return Ok(());
+        }
         if !self.active() || key == LOCK_KEY || key == JOURNAL_MARKER_KEY {
+            return self.remote.delete(key, mode).await;
+        }
+        if key.starts_with(JOURNAL_RECORD_PREFIX) {
+            // Uploaded: its journal write failed, or an open uploaded it.
             return self.remote.delete(key, mode).await;
         }
         let rx = self.enqueue(key, OpKind::Delete(mode), mode == DeleteMode::Durable)?;
@@ -708,15 +756,20 @@ impl Bucket for JournaledBucket {
     async fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, StoreError> {
         // Queued changes first: one that reaches the bucket while it is listed is seen in one
         // of the two.
-        let queued: Vec<(String, Option<u64>)> = self
-            .shared
-            .state
-            .lock()
-            .newest
-            .iter()
-            .filter(|(k, _)| k.starts_with(prefix))
-            .map(|(k, (_, d))| (k.clone(), d.as_ref().map(|d| d.len() as u64)))
-            .collect();
+        let queued: Vec<(String, Option<u64>)> = {
+            let st = self.shared.state.lock();
+            st.newest
+                .iter()
+                .map(|(k, (_, d))| (k, d.as_ref().map(|d| d.len() as u64)))
+                .chain(
+                    st.records
+                        .iter()
+                        .map(|(k, (_, d))| (k, Some(d.len() as u64))),
+                )
+                .filter(|(k, _)| k.starts_with(prefix))
+                .map(|(k, size)| (k.clone(), size))
+                .collect()
+        };
         let listed = self.remote.list(prefix).await?;
         if queued.is_empty() {
             return Ok(listed);
@@ -762,6 +815,17 @@ impl Bucket for JournaledBucket {
 
     async fn end_writing(&self) -> Result<(), StoreError> {
         if self.active() {
+            // The engine deletes its records once the bucket has their batches; any left (a
+            // close that failed half way) go to the bucket before the journal is emptied.
+            let records: Vec<(String, (QuorumTicket, Bytes))> =
+                self.shared.state.lock().records.drain().collect();
+            for (key, (ticket, data)) in records {
+                upload_put(&self.remote, &key, data, PutMode::Create).await?;
+                let journal = self.shared.journal.lock().clone();
+                if let Some(j) = journal {
+                    j.release(ticket).await;
+                }
+            }
             loop {
                 let notified = self.shared.changed.notified();
                 tokio::pin!(notified);

@@ -36,6 +36,10 @@ pub(super) enum UploadState {
 /// them strictly in sequence order as they are stored.
 pub(super) struct SealCtl {
     pub(super) next_seq: u64,
+    /// With journaled barriers: the number the next frozen batch gets, and how many batches
+    /// at the back of `flushing` are frozen but not yet sealed for the bucket.
+    pub(super) next_batch: u64,
+    pub(super) unsealed: usize,
 }
 
 pub(super) struct UploadCtl {
@@ -191,9 +195,40 @@ impl Engine {
             let st = self.inner.state.read();
             (st.write_gen, st.pending.data_bytes())
         };
+        let result = if waiting == Waiting::Client && self.journaling() {
+            self.journaled_barrier(target, parts).await
+        } else {
+            self.bucket_barrier(target, waiting, parts).await
+        };
+        let wait_us = started.elapsed().as_micros() as u64;
+        tracing::debug!(target, pending_bytes, wait_us, ?waiting, "barrier");
+        let c = &self.inner.counters;
+        c.barriers.fetch_add(1, Ordering::Relaxed);
+        c.barrier_wait_us.fetch_add(wait_us, Ordering::Relaxed);
+        result
+    }
+
+    /// The write generation durable for whoever waits: with journaled barriers a client's
+    /// writes are durable once in the journal, the engine's own barriers (closing, a named
+    /// checkpoint, repacking) wait for the bucket.
+    fn durable_for(&self, waiting: Waiting) -> u64 {
+        match waiting {
+            Waiting::Client => self.inner.durable_gen.load(Ordering::Acquire),
+            Waiting::Engine => self.inner.bucket_gen.load(Ordering::Acquire),
+        }
+    }
+
+    /// Seals what is pending and uploads it, retrying through an outage as long as allowed,
+    /// until `target` is durable for `waiting`.
+    pub(super) async fn bucket_barrier(
+        &self,
+        target: u64,
+        waiting: Waiting,
+        parts: &mut PartTimes,
+    ) -> Result<(), EngineError> {
         let mut retries = 0;
-        let result = loop {
-            if self.inner.durable_gen.load(Ordering::Acquire) >= target {
+        loop {
+            if self.durable_for(waiting) >= target {
                 break Ok(());
             }
             if let Some(why) = &*self.inner.poisoned.lock() {
@@ -216,13 +251,7 @@ impl Engine {
                 }
                 Err(e) => break Err(e),
             }
-        };
-        let wait_us = started.elapsed().as_micros() as u64;
-        tracing::debug!(target, pending_bytes, wait_us, ?waiting, "barrier");
-        let c = &self.inner.counters;
-        c.barriers.fetch_add(1, Ordering::Relaxed);
-        c.barrier_wait_us.fetch_add(wait_us, Ordering::Relaxed);
-        result
+        }
     }
 
     /// Stage one: unless a queued batch already covers `target`, freeze the pending batch, seal
@@ -233,7 +262,7 @@ impl Engine {
         let freezing = parts.add(BarrierPart::SealWait, locking);
         let frozen_gen = self.inner.queue.lock().back().map(|s| s.gen);
         if frozen_gen.is_some_and(|g| g >= target)
-            || self.inner.durable_gen.load(Ordering::Acquire) >= target
+            || self.inner.bucket_gen.load(Ordering::Acquire) >= target
         {
             return;
         }
@@ -241,15 +270,49 @@ impl Engine {
             let mut st = self.inner.state.write();
             let mut batch = std::mem::take(&mut st.pending);
             batch.gen = st.write_gen;
-            if batch.is_empty() {
+            if batch.is_empty() && ctl.unsealed == 0 {
                 // Nothing new since the last freeze: the queued batches (if any) cover it all.
                 drop(st);
                 if frozen_gen.is_none() {
                     self.inner
                         .durable_gen
                         .fetch_max(batch.gen, Ordering::AcqRel);
+                    self.inner.bucket_gen.fetch_max(batch.gen, Ordering::AcqRel);
                 }
                 return;
+            }
+            if !batch.is_empty() && self.journaling() {
+                batch.number = ctl.next_batch;
+                ctl.next_batch += 1;
+                self.frozen_for_bucket(batch.number, batch.gen);
+            }
+            // With journaled barriers, the batches frozen since the last seal (their records
+            // in the journal) go to the bucket together, as one.
+            let batch = if ctl.unsealed > 0 {
+                let from = st.flushing.len() - ctl.unsealed;
+                let mut earlier = st.flushing.drain(from..);
+                let mut merged = earlier
+                    .next()
+                    .map(|b| Arc::try_unwrap(b).unwrap_or_else(|b| (*b).clone()))
+                    .expect("unsealed batches are flushing");
+                for b in earlier {
+                    merged.absorb(Arc::try_unwrap(b).unwrap_or_else(|b| (*b).clone()));
+                }
+                if !batch.is_empty() {
+                    merged.absorb(batch);
+                }
+                ctl.unsealed = 0;
+                self.sealing_unsealed();
+                merged
+            } else {
+                batch
+            };
+            let mut batch = batch;
+            if batch.number > 0 {
+                batch.kv.insert(
+                    journaled::COVERED_KEY.to_vec(),
+                    Some(batch.number.to_be_bytes().to_vec()),
+                );
             }
             let batch = Arc::new(batch);
             st.flushing.push_back(batch.clone());
@@ -297,7 +360,7 @@ impl Engine {
     ) -> Result<(), EngineError> {
         let failures = self.inner.upload_failures.load(Ordering::Acquire);
         loop {
-            if self.inner.durable_gen.load(Ordering::Acquire) >= target {
+            if self.inner.bucket_gen.load(Ordering::Acquire) >= target {
                 return Ok(());
             }
             let stored = self.inner.stored_notify.notified();
@@ -338,7 +401,7 @@ impl Engine {
                 }
                 parts.add(BarrierPart::Commit, committing);
             }
-            if self.inner.durable_gen.load(Ordering::Acquire) >= target {
+            if self.inner.bucket_gen.load(Ordering::Acquire) >= target {
                 return Ok(());
             }
             if self.inner.upload_failures.load(Ordering::Acquire) != failures {
@@ -472,6 +535,7 @@ impl Engine {
     pub(super) fn commit_sealed(&self, ctl: &mut UploadCtl, sealed: &Sealed) {
         let (seq, object) = (sealed.seq, &sealed.object);
         let mut evicted = Vec::new();
+        let covered_records;
         let snapshot = {
             let mut st = self.inner.state.write();
             let batch = st
@@ -516,6 +580,8 @@ impl Engine {
             self.inner
                 .durable_gen
                 .fetch_max(batch.gen, Ordering::AcqRel);
+            self.inner.bucket_gen.fetch_max(batch.gen, Ordering::AcqRel);
+            covered_records = batch.number;
             ctl.log_bytes_since_checkpoint += object.len() as u64;
             let due = seq
                 >= ctl.checkpoint_seq
@@ -529,6 +595,10 @@ impl Engine {
         };
         // Outside the lock, and after the batch is gone (it may hold some of the same extents).
         self.inner.extent_buffers.give_back(evicted);
+        if self.journaling() {
+            self.advance_durable();
+            self.records_covered(covered_records);
+        }
         ctl.known_logs.insert(seq, object.len() as u64);
         self.inner
             .checkpoint_lag_objects

@@ -589,16 +589,28 @@ impl Engine {
             return Ok(Vec::new());
         }
         let (s, e) = crate::meta::run_key::kv_bounds(start, end);
+        // The engine's own pair (engine/journaled.rs) is not the caller's: one more is asked
+        // for when it may be among them, and it is left out.
+        let own = super::journaled::COVERED_KEY;
+        let hides = start <= own && end.is_none_or(|e| own < e);
+        let asked = if hides {
+            limit.saturating_add(1)
+        } else {
+            limit
+        };
         let found = self
-            .ride_out_reads(|| self.scan_snapshot(&s, &e, limit))
+            .ride_out_reads(|| self.scan_snapshot(&s, &e, asked))
             .await?;
-        Ok(found
+        let mut pairs: Vec<(Vec<u8>, Vec<u8>)> = found
             .into_iter()
             .map(|(k, v)| {
                 let key = crate::meta::run_key::parse_kv(&k).expect("a key-value run key");
                 (key.to_vec(), v)
             })
-            .collect())
+            .filter(|(k, _)| k.as_slice() != own)
+            .collect();
+        pairs.truncate(limit);
+        Ok(pairs)
     }
 
     /// Applies the changes atomically (all of them are in the same flush).

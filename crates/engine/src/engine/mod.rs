@@ -19,6 +19,7 @@ mod compaction;
 mod error;
 mod fsck;
 mod io;
+mod journaled;
 mod options;
 mod outage;
 mod overlay;
@@ -92,7 +93,15 @@ struct Inner {
     /// Sealed objects not yet uploaded, in sequence order. A failed upload stays at the front
     /// and is retried byte for byte (a PUT that secretly succeeded is then recognised).
     queue: Mutex<VecDeque<Sealed>>,
+    /// Every mutation up to this write generation is durable: in the bucket, or with journaled
+    /// barriers in the journal (engine/journaled.rs).
     durable_gen: AtomicU64,
+    /// Every mutation up to this write generation is in the bucket (committed).
+    bucket_gen: AtomicU64,
+    /// Journaled barriers' state; `None` without a journal.
+    journal: Option<Mutex<journaled::JournalCtl>>,
+    /// Wakes barriers waiting for a journal record.
+    journal_notify: tokio::sync::Notify,
     poisoned: Mutex<Option<String>>,
     disk_cache: Option<Arc<DiskCache>>,
     /// The writer lock (none when read-only); shared only with `Engine::open` while it loads.

@@ -26,6 +26,10 @@ pub struct EngineOptions {
     pub tuning: Tuning,
     /// Every task the engine starts; stopping them all is how a crash test kills an engine.
     pub tasks: TaskSet,
+    /// The bucket journals create-only PUTs of `jrec/` keys (a journal tier is configured):
+    /// a client's barrier then writes its batch there as a record and returns, and the batches
+    /// reach the bucket together, a few log objects a second (engine/journaled.rs).
+    pub journaled_barriers: bool,
 }
 
 impl EngineOptions {
@@ -53,6 +57,7 @@ impl EngineOptions {
             },
             kdf_cost: KdfCost::default(),
             tasks: TaskSet::default(),
+            journaled_barriers: false,
         }
     }
 }

@@ -18,7 +18,7 @@ pub(super) enum Dirty {
 /// A range deletion (a cut) removes the batch's own entries in its range when it is made, so
 /// what the batch still holds in a cut range is newer than the cut: its cuts apply to older
 /// batches and the committed state only, and are sealed before its entries.
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub(super) struct Batch {
     pub(super) extents: HashMap<(u64, u64), Dirty>,
     pub(super) kv: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
@@ -27,6 +27,9 @@ pub(super) struct Batch {
     /// Key ranges `start..end` cut.
     pub(super) kv_cuts: Vec<(Vec<u8>, Vec<u8>)>,
     pub(super) gen: u64,
+    /// With journaled barriers (engine/journaled.rs): the number of the newest frozen batch
+    /// this one holds, 0 for none.
+    pub(super) number: u64,
 }
 
 impl Batch {
@@ -76,6 +79,34 @@ impl Batch {
     }
     pub(super) fn data_bytes(&self) -> usize {
         self.extents.len() * EXTENT_SIZE_BYTES
+    }
+
+    /// Applies a batch frozen after this one on top of it, so that the result holds both, as
+    /// one: `later`'s cuts remove what this one holds in their ranges (as `State::cut_kv` and
+    /// `State::cut_extents` do in `pending`), then its entries replace this one's.
+    pub(super) fn absorb(&mut self, later: Batch) {
+        for (start, end) in later.kv_cuts {
+            let doomed: Vec<Vec<u8>> = self
+                .kv
+                .range(start.clone()..end.clone())
+                .map(|(k, _)| k.clone())
+                .collect();
+            for k in doomed {
+                self.kv.remove(&k);
+            }
+            self.kv_cuts.push((start, end));
+        }
+        for (ino, cuts) in later.extent_cuts {
+            for &(from, to) in &cuts {
+                self.extents
+                    .retain(|&(i, x), _| i != ino || x < from || x >= to);
+            }
+            self.extent_cuts.entry(ino).or_default().extend(cuts);
+        }
+        self.kv.extend(later.kv);
+        self.extents.extend(later.extents);
+        self.gen = later.gen;
+        self.number = self.number.max(later.number);
     }
 }
 

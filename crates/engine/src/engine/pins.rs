@@ -238,6 +238,10 @@ impl Engine {
             return Err(EngineError::CheckpointExists(name.to_string()));
         }
         self.flush().await?;
+        if self.journaling() {
+            // The checkpoint is of what the bucket holds.
+            self.barrier(Waiting::Engine).await?;
+        }
         let _slot = self.checkpoint_slot().await;
         let Some(base) = self.checkpoint_to_last().await? else {
             return Err(EngineError::NothingToCheckpoint);

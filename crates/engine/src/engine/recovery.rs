@@ -307,6 +307,8 @@ impl Engine {
                 }),
                 seal: tokio::sync::Mutex::new(SealCtl {
                     next_seq: last_seq + 1,
+                    next_batch: 1,
+                    unsealed: 0,
                 }),
                 upload: tokio::sync::Mutex::new(UploadCtl {
                     checkpoint_seq,
@@ -318,6 +320,9 @@ impl Engine {
                     known_logs,
                 }),
                 durable_gen: AtomicU64::new(0),
+                bucket_gen: AtomicU64::new(0),
+                journal: (opts.journaled_barriers && !opts.read_only).then(Default::default),
+                journal_notify: tokio::sync::Notify::new(),
                 poisoned: Mutex::new(None),
                 disk_cache,
                 lock_holder,
@@ -350,6 +355,10 @@ impl Engine {
             }),
         };
         if !opts.read_only {
+            engine.replay_records().await?;
+            if engine.journaling() {
+                engine.spawn_coalescer();
+            }
             engine.spawn_periodic_flush(opts.flush_interval);
             if let Some(quiet) = opts.tuning.quiet_checkpoint_after() {
                 engine.spawn_quiet_checkpoints(quiet);

@@ -72,6 +72,8 @@ pub struct EngineStats {
     /// Client barriers and write-behind flushes held while a checkpoint caught up
     /// (`Engine::wait_for_checkpoint`).
     pub barriers_held_for_checkpoint: u64,
+    /// Journal records written by client barriers (engine/journaled.rs).
+    pub journal_records: u64,
     /// Bottom parts merged with the deltas by sweeps (engine/compaction.rs), and sweeps that
     /// passed over every key.
     pub bottom_parts_merged: u64,
@@ -97,6 +99,7 @@ pub(super) struct Counters {
     pub(super) extents_resealed: AtomicU64,
     pub(super) repack_sweeps_started: AtomicU64,
     pub(super) barriers_held_for_checkpoint: AtomicU64,
+    pub(super) journal_records: AtomicU64,
     pub(super) bottom_parts_merged: AtomicU64,
     pub(super) bottom_sweeps_finished: AtomicU64,
     pub(super) delta_runs_merged: AtomicU64,
@@ -167,6 +170,7 @@ impl Engine {
             },
             log_objects_since_checkpoint: self.inner.checkpoint_lag_objects.load(Ordering::Relaxed),
             barriers_held_for_checkpoint: c.barriers_held_for_checkpoint.load(Ordering::Relaxed),
+            journal_records: c.journal_records.load(Ordering::Relaxed),
             bottom_parts_merged: c.bottom_parts_merged.load(Ordering::Relaxed),
             bottom_sweeps_finished: c.bottom_sweeps_finished.load(Ordering::Relaxed),
             delta_runs_merged: c.delta_runs_merged.load(Ordering::Relaxed),

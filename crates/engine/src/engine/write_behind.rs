@@ -42,6 +42,11 @@ impl Engine {
 
     /// Whether the barriers' cadence calls for a write-behind with this much pending.
     pub(super) fn write_behind_due(&self, pending_bytes: usize) -> bool {
+        // With journaled barriers a barrier costs a journal write, and the bucket gets the
+        // batches together.
+        if self.journaling() {
+            return false;
+        }
         match self.inner.barrier_cadence.write_behind() {
             WriteBehind::EveryWrite => true,
             WriteBehind::Gathered => {

@@ -5,7 +5,7 @@
 //! loss.
 
 use bucketfs_engine::bucket::{
-    open_url, Fault, FaultyBucket, JournalTier, JournaledBucket, SharedBucket, TargetSpec,
+    open_url, Bucket, Fault, FaultyBucket, JournalTier, JournaledBucket, SharedBucket, TargetSpec,
     JOURNAL_MARKER_KEY,
 };
 use bucketfs_engine::{Engine, EngineError, EngineOptions, Fill};
@@ -256,4 +256,133 @@ async fn a_quorum_journal_answers_with_two_of_three_targets_and_opens_from_two()
         w.bucket.get(JOURNAL_MARKER_KEY).await,
         Err(bucketfs_engine::bucket::StoreError::NotFound(_))
     ));
+}
+
+/// A writer with journaled barriers (engine/journaled.rs) over the world's bucket through a
+/// local journal in `dir`.
+async fn open_journaled(w: &World, dir: &Path, coalesce_ms: u64) -> Engine {
+    let (bucket, mut opts) = w.writer(EngineOptions::for_tests("pw"));
+    opts.journaled_barriers = true;
+    opts.tuning.journal_coalesce_ms = coalesce_ms;
+    let t = JournalTier {
+        ring_bytes: Some(16 << 20),
+        ..tier(Some(dir), false)
+    };
+    let bucket: SharedBucket = Arc::new(JournaledBucket::new(bucket, t));
+    Engine::open(bucket, opts).await.unwrap()
+}
+
+async fn write_and_flush(e: &Engine, extents: std::ops::Range<u64>) {
+    for i in extents {
+        e.write(7, i * 8192, 8192, Fill::Data(&pattern(i as u8, 8192)))
+            .await
+            .unwrap();
+        e.flush().await.unwrap();
+    }
+}
+
+async fn check_extents(e: &Engine, extents: std::ops::Range<u64>) {
+    for i in extents {
+        assert!(
+            e.read(7, i * 8192, 8192).await.unwrap() == pattern(i as u8, 8192),
+            "extent {i} holds what its acknowledged barrier covered"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn journaled_barriers_are_records_in_the_journal_replayed_after_a_crash() {
+    let w = world();
+    let dir = journal_dir("records");
+    // Never sealed for the bucket by age: every barrier's batch stays a record.
+    let e = open_journaled(&w, &dir, 3_600_000).await;
+    let logs = log_count(&w).await;
+    write_and_flush(&e, 0..60).await;
+    assert_eq!(e.stats().journal_records, 60, "one record per barrier");
+    assert_eq!(
+        log_count(&w).await,
+        logs,
+        "no barrier sealed a log object for the bucket"
+    );
+    assert!(
+        w.bucket.list("jrec/").await.unwrap().is_empty(),
+        "records stay in the journal"
+    );
+    crash(&w, e).await;
+
+    let e = open_journaled(&w, &dir, 3_600_000).await;
+    check_extents(&e, 0..60).await;
+    assert!(
+        log_count(&w).await > logs,
+        "the records' batches went to the bucket at open"
+    );
+    assert!(
+        w.bucket.list("jrec/").await.unwrap().is_empty(),
+        "the replayed records are deleted"
+    );
+    // Barriers of the new life, then a crash again: the records after the replayed ones.
+    write_and_flush(&e, 60..70).await;
+    crash(&w, e).await;
+    let e = open_journaled(&w, &dir, 3_600_000).await;
+    check_extents(&e, 0..70).await;
+    e.close().await.unwrap();
+    drop(e);
+
+    // A clean stop left everything in the bucket: a writer without a journal sees it all.
+    let (bucket, opts) = w.writer(EngineOptions::for_tests("pw"));
+    let e = Engine::open(bucket, opts).await.unwrap();
+    check_extents(&e, 0..70).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn journaled_barriers_reach_the_bucket_together() {
+    let w = world();
+    let dir = journal_dir("coalesce");
+    let (bucket, mut opts) = w.writer(EngineOptions::for_tests("pw"));
+    opts.journaled_barriers = true;
+    opts.tuning.journal_coalesce_ms = 20;
+    let t = JournalTier {
+        ring_bytes: Some(16 << 20),
+        ..tier(Some(&dir), false)
+    };
+    let journaled = Arc::new(JournaledBucket::new(bucket, t));
+    let e = Engine::open(journaled.clone(), opts).await.unwrap();
+    let before = e.stats().log_objects_written;
+    write_and_flush(&e, 0..200).await;
+    // The last records age and go; then the bucket takes what the journal holds.
+    let mut drained = false;
+    for _ in 0..500 {
+        let records = journaled.list("jrec/").await.unwrap();
+        if records.is_empty() && journaled.backlog().objects == 0 {
+            drained = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        drained,
+        "the records went to the bucket within 10 s: {} left, backlog {:?}, {:?}",
+        journaled.list("jrec/").await.unwrap().len(),
+        journaled.backlog(),
+        e.stats()
+    );
+    let stats = e.stats();
+    let objects = stats.log_objects_written - before;
+    assert_eq!(stats.journal_records, 200);
+    assert!(
+        (1..50).contains(&objects),
+        "200 barriers went to the bucket as {objects} log objects"
+    );
+    crash(&w, e).await;
+    // Nothing in the journal is needed now: the bucket alone holds every barrier.
+    let (bucket, opts) = w.writer(EngineOptions::for_tests("pw"));
+    let e = Engine::open(
+        Arc::new(JournaledBucket::new(bucket, tier(None, true))),
+        opts,
+    )
+    .await
+    .unwrap();
+    check_extents(&e, 0..200).await;
+    let _ = std::fs::remove_dir_all(&dir);
 }
