@@ -996,6 +996,50 @@ mod tests {
         let _ = std::fs::remove_dir_all(dir);
     }
 
+    /// The engine's journal records stay in the journal: never uploaded while running (the
+    /// bucket's gate stays closed), readable and listed, dropped by a DELETE; one the engine
+    /// did not delete goes to the bucket at a clean stop, before the journal is emptied.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn journal_records_stay_in_the_journal_until_deleted_or_a_clean_stop() {
+        let (dir, slow, b) = journaled_over_slow("records");
+        b.begin_writing().await.unwrap();
+        for n in 1..=3u8 {
+            let key = format!("{JOURNAL_RECORD_PREFIX}{n}");
+            b.put(&key, Bytes::from(vec![n; 100]), PutMode::Create)
+                .await
+                .unwrap();
+        }
+        assert_eq!(b.list(JOURNAL_RECORD_PREFIX).await.unwrap().len(), 3);
+        assert_eq!(
+            b.get(&format!("{JOURNAL_RECORD_PREFIX}2")).await.unwrap(),
+            Bytes::from(vec![2u8; 100])
+        );
+        assert_eq!(b.backlog().objects, 0, "records are not queued for the bucket");
+        for n in 1..=2u8 {
+            b.delete(&format!("{JOURNAL_RECORD_PREFIX}{n}"), DeleteMode::Garbage)
+                .await
+                .unwrap();
+        }
+        assert_eq!(b.list(JOURNAL_RECORD_PREFIX).await.unwrap().len(), 1);
+        assert!(
+            !slow
+                .landed
+                .lock()
+                .iter()
+                .any(|k| k.starts_with(JOURNAL_RECORD_PREFIX)),
+            "no record reached the bucket"
+        );
+        slow.gate.add_permits(1000);
+        b.end_writing().await.unwrap();
+        let stored = slow.inner.list(JOURNAL_RECORD_PREFIX).await.unwrap();
+        assert_eq!(
+            stored.iter().map(|o| o.key.as_str()).collect::<Vec<_>>(),
+            vec![format!("{JOURNAL_RECORD_PREFIX}3")],
+            "the record left in the journal went to the bucket at the stop"
+        );
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn puts_are_acknowledged_from_the_journal_and_deletes_wait_for_earlier_puts() {
         let (dir, slow, b) = journaled_over_slow("unit");
