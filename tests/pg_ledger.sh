@@ -156,6 +156,8 @@ run_case() {
     local began=$SECONDS round script=$CASE_DIR/ledger.sql acked=$CASE_DIR/acked found=$CASE_DIR/found
     local ledger_pid load_pid delay_ms prefix lrc drc cache_note t0 restart_s recovery_s out sums
     local total_acked=0 total_extra=0 cache_losses=0 n_acked n_found kill_line
+    local records_replayed=0 replayed replay_note=""
+
     trap stack_teardown EXIT
     # The postgres user must reach the mount point and the socket directory below these.
     chmod 755 "$TEST_DIR" "$CASE_DIR"
@@ -265,6 +267,15 @@ SQL
             die "round $round: acknowledged ids lost after kill -9 at ${delay_ms} ms$cache_note"
         fi
         printf '%s\n' "$out" >"$found"
+        if ((JOURNAL >= 1)); then
+            # Journaled barriers (docs/0009): the records of the barriers acknowledged since
+            # the last log object were replayed by the restart's open.
+            replayed=$(tail -n +"$kill_line" "$BUCKETFS_LOG" | sed 's/\x1b\[[0-9;]*m//g' |
+                grep -o 'journal records replayed into the bucket.*replayed=[0-9]*' |
+                tail -n 1 | grep -o '[0-9]*$' || true)
+            records_replayed=$((records_replayed + ${replayed:-0}))
+            replay_note="; ${replayed:-0} journal records replayed"
+        fi
         sums=$(balances) || die "round $round: the load's tables cannot be read"
         balances_agree "$sums" || die "round $round: the load's balances disagree after recovery: $sums"
         n_acked=$(awk -v r="$round" '$1 == r { n += $3 } END { print n + 0 }' "$acked")
@@ -273,8 +284,11 @@ SQL
         total_extra=$((total_extra + n_found - n_acked))
         log "round $round: killed after ${delay_ms} ms$cache_note; $n_acked ids acknowledged, $n_found present" \
             "($((n_found - n_acked)) committed in flight); ledger pgbench exit $lrc, load exit $drc;" \
-            "restart + mount ${restart_s} s, crash recovery ${recovery_s} s; balances agree"
+            "restart + mount ${restart_s} s, crash recovery ${recovery_s} s; balances agree$replay_note"
     done
+    if ((JOURNAL >= 1 && records_replayed == 0)); then
+        die "no restart replayed a journal record: the kills never caught a barrier answered from the journal"
+    fi
 
     amcheck_clean || die "pg_amcheck found corruption after $ROUNDS rounds"
     log "pg_amcheck --all --heapallindexed: no corruption"
