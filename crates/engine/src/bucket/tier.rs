@@ -1014,7 +1014,11 @@ mod tests {
             b.get(&format!("{JOURNAL_RECORD_PREFIX}2")).await.unwrap(),
             Bytes::from(vec![2u8; 100])
         );
-        assert_eq!(b.backlog().objects, 0, "records are not queued for the bucket");
+        assert_eq!(
+            b.backlog().objects,
+            0,
+            "records are not queued for the bucket"
+        );
         for n in 1..=2u8 {
             b.delete(&format!("{JOURNAL_RECORD_PREFIX}{n}"), DeleteMode::Garbage)
                 .await
