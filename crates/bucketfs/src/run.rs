@@ -103,6 +103,7 @@ pub fn open_bucket(
             accept_loss: accept_journal_loss,
             bucket_url: cfg.storage.url.clone(),
             ring_bytes: None,
+            stop_wait: None,
         },
     ));
     Ok((journaled.clone(), counting, journaled))

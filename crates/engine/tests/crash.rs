@@ -236,6 +236,7 @@ async fn live(
                 bucket_url: "memory://crash".into(),
                 // Small: a new journal is written whole, and every odd seed makes one.
                 ring_bytes: Some(16 << 20),
+                stop_wait: None,
             },
         ));
     }

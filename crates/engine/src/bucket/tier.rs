@@ -66,7 +66,15 @@ pub struct JournalTier {
     pub bucket_url: String,
     /// The ring's size; `None`: 256 MiB. Tests that make many journals make them small.
     pub ring_bytes: Option<u64>,
+    /// How long a clean stop waits for the bucket to take what the journal holds; `None`:
+    /// STOP_WAIT_DEFAULT. Past it the stop fails with the journal, and the bucket's marker,
+    /// left in place: the next start uploads what it holds first.
+    pub stop_wait: Option<Duration>,
 }
+
+/// A clean stop waits this long at most for the bucket (`JournalTier::stop_wait`): a service
+/// manager's stop timeout is typically 90 s.
+pub const STOP_WAIT_DEFAULT: Duration = Duration::from_secs(60);
 
 /// How far the uploads from the journal lag behind.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -826,6 +834,8 @@ impl Bucket for JournaledBucket {
                     j.release(ticket).await;
                 }
             }
+            let deadline =
+                tokio::time::Instant::now() + self.tier.stop_wait.unwrap_or(STOP_WAIT_DEFAULT);
             loop {
                 let notified = self.shared.changed.notified();
                 tokio::pin!(notified);
@@ -838,8 +848,18 @@ impl Bucket for JournaledBucket {
                     if st.ops.is_empty() {
                         break;
                     }
+                    if tokio::time::Instant::now() >= deadline {
+                        // Nothing is lost: the journal and the marker stay, and the next start
+                        // uploads what the bucket lacks before it opens the bucket.
+                        return Err(StoreError::Transient(format!(
+                            "the bucket did not take what the journal holds within {} s ({} changes, {} bytes, still queued); the journal keeps them and the next start uploads them first",
+                            self.tier.stop_wait.unwrap_or(STOP_WAIT_DEFAULT).as_secs(),
+                            st.ops.len(),
+                            st.backlog_bytes
+                        )));
+                    }
                 }
-                notified.await;
+                let _ = tokio::time::timeout_at(deadline, notified).await;
             }
             let journal = self.shared.journal.lock().clone();
             if let Some(j) = journal {
@@ -943,6 +963,7 @@ mod tests {
                 accept_loss: false,
                 bucket_url: "memory://unit".into(),
                 ring_bytes: None,
+                stop_wait: None,
             },
         );
         (dir, slow, b)
@@ -1167,6 +1188,7 @@ mod tests {
                 accept_loss: false,
                 bucket_url: "memory://unit".into(),
                 ring_bytes: None,
+                stop_wait: None,
             },
         );
         b.begin_writing().await.unwrap();

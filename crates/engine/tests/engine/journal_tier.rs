@@ -30,6 +30,7 @@ fn tier(dir: Option<&Path>, accept_loss: bool) -> JournalTier {
         accept_loss,
         bucket_url: "memory://tier-test".into(),
         ring_bytes: None,
+        stop_wait: None,
     }
 }
 
@@ -184,6 +185,7 @@ fn quorum_tier(targets: &[Arc<FaultyBucket>]) -> JournalTier {
         accept_loss: false,
         bucket_url: "memory://tier-test".into(),
         ring_bytes: None,
+        stop_wait: None,
     }
 }
 
@@ -266,6 +268,7 @@ async fn open_journaled(w: &World, dir: &Path, coalesce_ms: u64) -> Engine {
     opts.tuning.journal_coalesce_ms = coalesce_ms;
     let t = JournalTier {
         ring_bytes: Some(16 << 20),
+        stop_wait: None,
         ..tier(Some(dir), false)
     };
     let bucket: SharedBucket = Arc::new(JournaledBucket::new(bucket, t));
@@ -344,6 +347,7 @@ async fn journaled_barriers_reach_the_bucket_together() {
     opts.tuning.journal_coalesce_ms = 20;
     let t = JournalTier {
         ring_bytes: Some(16 << 20),
+        stop_wait: None,
         ..tier(Some(&dir), false)
     };
     let journaled = Arc::new(JournaledBucket::new(bucket, t));
@@ -384,5 +388,40 @@ async fn journaled_barriers_reach_the_bucket_together() {
     .await
     .unwrap();
     check_extents(&e, 0..200).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A clean stop while the bucket refuses every PUT does not wait without end: it fails within
+/// `JournalTier::stop_wait`, saying so, with the journal left in place, and the next start
+/// uploads what the journal holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clean_stop_while_the_bucket_refuses_ends_with_the_journal_in_place() {
+    let w = world();
+    let dir = journal_dir("stop");
+    let (bucket, mut opts) = w.writer(EngineOptions::for_tests("pw"));
+    opts.journaled_barriers = true;
+    let t = JournalTier {
+        stop_wait: Some(Duration::from_secs(1)),
+        ..tier(Some(&dir), false)
+    };
+    let e = Engine::open(Arc::new(JournaledBucket::new(bucket, t)), opts)
+        .await
+        .unwrap();
+    write_and_flush(&e, 0..5).await;
+    w.faults.set(Fault::FailPuts);
+    write_and_flush(&e, 5..10).await;
+    let closed = tokio::time::timeout(Duration::from_secs(30), e.close())
+        .await
+        .expect("the stop ends while the bucket refuses");
+    let err = closed.expect_err("the bucket lacks what the journal holds");
+    assert!(
+        err.to_string().contains("the next start uploads them"),
+        "{err}"
+    );
+    crash(&w, e).await;
+    w.faults.set(Fault::None);
+    let e = open_journaled(&w, &dir, 200).await;
+    check_extents(&e, 0..10).await;
+    e.close().await.unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }
