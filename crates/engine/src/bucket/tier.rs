@@ -125,7 +125,7 @@ struct State {
     loss_marker: bool,
     /// The engine's journal records (`JOURNAL_RECORD_PREFIX`) the journal holds: never
     /// uploaded while running, dropped when the engine deletes them.
-    records: HashMap<String, (QuorumTicket, Bytes)>,
+    records: HashMap<String, (QuorumTicket, Bytes, tokio::time::Instant)>,
 }
 
 struct Op {
@@ -161,17 +161,20 @@ impl JournaledBucket {
     }
 
     /// The changes not yet in the remote bucket.
+    /// What the bucket lacks: the changes queued for it, and the engine's journal records (the
+    /// batches not yet sealed for the bucket).
     pub fn backlog(&self) -> JournalBacklog {
         let st = self.shared.state.lock();
+        let queued = st.ops.values().next().map(|op| op.queued.elapsed());
+        let recorded = st.records.values().map(|(_, _, at)| at.elapsed()).max();
         JournalBacklog {
-            objects: st.ops.len() as u64,
-            bytes: st.backlog_bytes,
-            oldest: st
-                .ops
-                .values()
-                .next()
-                .map(|op| op.queued.elapsed())
-                .unwrap_or_default(),
+            objects: (st.ops.len() + st.records.len()) as u64,
+            bytes: st.backlog_bytes
+                + st.records
+                    .values()
+                    .map(|(_, data, _)| data.len() as u64)
+                    .sum::<u64>(),
+            oldest: queued.max(recorded).unwrap_or_default(),
         }
     }
 
@@ -440,7 +443,7 @@ impl JournaledBucket {
                     .state
                     .lock()
                     .records
-                    .insert(key.to_string(), (ticket, data));
+                    .insert(key.to_string(), (ticket, data, tokio::time::Instant::now()));
                 return Ok(());
             }
             j.release(ticket).await;
@@ -451,7 +454,7 @@ impl JournaledBucket {
     /// A journal record's bytes, while the journal holds it.
     fn record(&self, key: &str) -> Option<Bytes> {
         let st = self.shared.state.lock();
-        st.records.get(key).map(|(_, data)| data.clone())
+        st.records.get(key).map(|(_, data, _)| data.clone())
     }
 
     /// The newest queued change of `key`: `Some(Some(bytes))` put, `Some(None)` deleted.
@@ -743,7 +746,7 @@ impl Bucket for JournaledBucket {
 
     async fn delete(&self, key: &str, mode: DeleteMode) -> Result<(), StoreError> {
         let held = self.shared.state.lock().records.remove(key);
-        if let Some((ticket, _)) = held {
+        if let Some((ticket, _, _)) = held {
             let journal = self.shared.journal.lock().clone();
             if let Some(j) = journal {
                 j.release(ticket).await;
@@ -772,7 +775,7 @@ impl Bucket for JournaledBucket {
                 .chain(
                     st.records
                         .iter()
-                        .map(|(k, (_, d))| (k, Some(d.len() as u64))),
+                        .map(|(k, (_, d, _))| (k, Some(d.len() as u64))),
                 )
                 .filter(|(k, _)| k.starts_with(prefix))
                 .map(|(k, size)| (k.clone(), size))
@@ -825,9 +828,9 @@ impl Bucket for JournaledBucket {
         if self.active() {
             // The engine deletes its records once the bucket has their batches; any left (a
             // close that failed half way) go to the bucket before the journal is emptied.
-            let records: Vec<(String, (QuorumTicket, Bytes))> =
+            let records: Vec<(String, (QuorumTicket, Bytes, tokio::time::Instant))> =
                 self.shared.state.lock().records.drain().collect();
-            for (key, (ticket, data)) in records {
+            for (key, (ticket, data, _)) in records {
                 upload_put(&self.remote, &key, data, PutMode::Create).await?;
                 let journal = self.shared.journal.lock().clone();
                 if let Some(j) = journal {
@@ -1037,8 +1040,8 @@ mod tests {
         );
         assert_eq!(
             b.backlog().objects,
-            0,
-            "records are not queued for the bucket"
+            3,
+            "records count as what the bucket lacks"
         );
         for n in 1..=2u8 {
             b.delete(&format!("{JOURNAL_RECORD_PREFIX}{n}"), DeleteMode::Garbage)
