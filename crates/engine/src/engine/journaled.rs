@@ -56,6 +56,8 @@ pub(super) struct JournalCtl {
     /// The bucket holds every batch numbered up to this: a record written after its batch got
     /// there is deleted at once (its DELETE must not overtake its PUT).
     covered: u64,
+    /// Tasks deleting records.
+    deleting: usize,
     /// When the oldest batch not yet sealed for the bucket was frozen, and the data the
     /// unsealed batches hold.
     unsealed_since: Option<tokio::time::Instant>,
@@ -213,10 +215,7 @@ impl Engine {
             (self.coalesce_due(&j), covered)
         };
         if covered {
-            let bucket = self.inner.bucket.clone();
-            self.inner.tasks.spawn(async move {
-                delete_records(&bucket, vec![number]).await;
-            });
+            self.spawn_record_deletes(vec![number]);
         }
         self.advance_durable();
         if due {
@@ -292,13 +291,38 @@ impl Engine {
                 .into_iter()
                 .collect()
         };
-        if doomed.is_empty() {
-            return;
+        if !doomed.is_empty() {
+            self.spawn_record_deletes(doomed);
         }
-        let bucket = self.inner.bucket.clone();
+    }
+
+    /// Deletes records on a task of their own, counted so that a clean stop can wait for them
+    /// (`records_deleted`): one still held by the journal then would be uploaded by the stop.
+    fn spawn_record_deletes(&self, numbers: Vec<u64>) {
+        let Some(journal) = &self.inner.journal else {
+            return;
+        };
+        journal.lock().deleting += 1;
+        let engine = self.clone();
         self.inner.tasks.spawn(async move {
-            delete_records(&bucket, doomed).await;
+            delete_records(&engine.inner.bucket, numbers).await;
+            if let Some(journal) = &engine.inner.journal {
+                journal.lock().deleting -= 1;
+            }
         });
+    }
+
+    /// Waits (up to 5 s) until the records the bucket no longer needs are deleted.
+    pub(super) async fn records_deleted(&self) {
+        let Some(journal) = &self.inner.journal else {
+            return;
+        };
+        for _ in 0..1000 {
+            if journal.lock().deleting == 0 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     }
 
     /// Seals the journaled batches for the bucket once they are due, should no barrier come

@@ -185,6 +185,7 @@ impl Engine {
             return Ok(());
         }
         self.barrier(Waiting::Engine).await?;
+        self.records_deleted().await;
         {
             // A checkpoint of what changed since the newest one: a clean stop leaves nothing to
             // replay, and the debits still to look up are done, so its garbage is collected.

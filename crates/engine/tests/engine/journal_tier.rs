@@ -330,6 +330,10 @@ async fn journaled_barriers_are_records_in_the_journal_replayed_after_a_crash() 
     check_extents(&e, 0..70).await;
     e.close().await.unwrap();
     drop(e);
+    assert!(
+        w.bucket.list("jrec/").await.unwrap().is_empty(),
+        "a clean stop leaves no record behind"
+    );
 
     // A clean stop left everything in the bucket: a writer without a journal sees it all.
     let (bucket, opts) = w.writer(EngineOptions::for_tests("pw"));
