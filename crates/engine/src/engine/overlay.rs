@@ -86,27 +86,44 @@ impl Batch {
     /// `State::cut_extents` do in `pending`), then its entries replace this one's.
     pub(super) fn absorb(&mut self, later: Batch) {
         for (start, end) in later.kv_cuts {
-            let doomed: Vec<Vec<u8>> = self
-                .kv
-                .range(start.clone()..end.clone())
-                .map(|(k, _)| k.clone())
-                .collect();
-            for k in doomed {
-                self.kv.remove(&k);
-            }
-            self.kv_cuts.push((start, end));
+            self.cut_kv(start, end);
         }
         for (ino, cuts) in later.extent_cuts {
-            for &(from, to) in &cuts {
-                self.extents
-                    .retain(|&(i, x), _| i != ino || x < from || x >= to);
+            for (from, to) in cuts {
+                self.cut_extents(ino, from, to);
             }
-            self.extent_cuts.entry(ino).or_default().extend(cuts);
         }
         self.kv.extend(later.kv);
         self.extents.extend(later.extents);
         self.gen = later.gen;
         self.number = self.number.max(later.number);
+    }
+
+    /// Deallocates the extents of `ino` with an index in `from..to`, in one op whatever
+    /// their number: the batch's own entries in the range go, and the cut hides older ones.
+    pub(super) fn cut_extents(&mut self, ino: u64, from: u64, to: u64) {
+        if from >= to {
+            return;
+        }
+        self.extents
+            .retain(|&(i, x), _| i != ino || x < from || x >= to);
+        self.extent_cuts.entry(ino).or_default().push((from, to));
+    }
+
+    /// Deletes the pairs with a key in `start..end`, in one op whatever their number.
+    pub(super) fn cut_kv(&mut self, start: Vec<u8>, end: Vec<u8>) {
+        if start >= end {
+            return;
+        }
+        let doomed: Vec<Vec<u8>> = self
+            .kv
+            .range(start.clone()..end.clone())
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in doomed {
+            self.kv.remove(&k);
+        }
+        self.kv_cuts.push((start, end));
     }
 }
 
@@ -195,37 +212,14 @@ impl State {
         }
     }
 
-    /// Deallocates the extents of `ino` with an index in `from..to`, in one op whatever
-    /// their number.
+    /// Deallocates the extents of `ino` with an index in `from..to` (`Batch::cut_extents`).
     pub(super) fn cut_extents(&mut self, ino: u64, from: u64, to: u64) {
-        if from >= to {
-            return;
-        }
-        self.pending
-            .extents
-            .retain(|&(i, x), _| i != ino || x < from || x >= to);
-        self.pending
-            .extent_cuts
-            .entry(ino)
-            .or_default()
-            .push((from, to));
+        self.pending.cut_extents(ino, from, to);
     }
 
-    /// Deletes the pairs with a key in `start..end`, in one op whatever their number.
+    /// Deletes the pairs with a key in `start..end` (`Batch::cut_kv`).
     pub(super) fn cut_kv(&mut self, start: Vec<u8>, end: Vec<u8>) {
-        if start >= end {
-            return;
-        }
-        let doomed: Vec<Vec<u8>> = self
-            .pending
-            .kv
-            .range(start.clone()..end.clone())
-            .map(|(k, _)| k.clone())
-            .collect();
-        for k in doomed {
-            self.pending.kv.remove(&k);
-        }
-        self.pending.kv_cuts.push((start, end));
+        self.pending.cut_kv(start, end);
     }
 
     /// What memory says of a key; `NotHere`: the committed base's runs say.
