@@ -489,8 +489,11 @@ def conditions_text(res):
              "min %s, mean %s, max %s" % ((m.get("loadavg_at_start") or ["?"])[0], la.get("min"), la.get("mean"),
                                           la.get("max"))]
     link = s.get("s3_link") or {}
-    if "bucketfs-s3-lat" in res["targets"]:
-        parts.append("bucketfs-s3-lat: %s per request, %s each way (bench/s3proxy.py)" % (
+    targets = res["targets"]
+    if any(t.startswith("bucketfs-s3") for t in targets):
+        parts.append("S3 server: %s" % s.get("s3_server", "moto"))
+    if any(t.startswith("bucketfs-s3-lat") for t in targets):
+        parts.append("bucketfs-s3-lat*: %s per request, %s each way (bench/s3proxy.py)" % (
             link.get("latency"), link.get("bandwidth")))
     peer = s.get("peer")
     if peer:

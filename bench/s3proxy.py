@@ -54,6 +54,7 @@ HEAD_BYTES_MAX = 64 * 1024  # a request or response head larger than this is mal
 CHUNK_BYTES = 64 * 1024  # unit of forwarding and of bandwidth accounting
 STATS_INTERVAL_S = 5.0  # how often the stats file is rewritten while running
 FAULT_POLL_S = 0.1  # how often a hung request looks whether its hang is over
+LINK_SLACK_S = 0.002  # how far the link may run ahead of its rate before it sleeps
 
 FAULT_MODES = ("refuse", "503", "reset", "hang")
 # What S3 answers when it throttles (the body clients log, e.g. object_store's error message).
@@ -106,7 +107,11 @@ class Link:
         now = time.monotonic()
         self.busy_until = max(now, self.busy_until) + n / self.bytes_per_s
         delay = self.busy_until - now
-        if delay > 0:
+        # A sleep per 64 KiB chunk would cost more than the chunk's own time at 100 MB/s (the
+        # event loop's overhead), capping one stream near half the rate: the link runs ahead of
+        # its schedule by up to LINK_SLACK_S and then sleeps the whole debt, so the mean rate
+        # stays exact.
+        if delay > LINK_SLACK_S:
             await asyncio.sleep(delay)
 
 
@@ -189,15 +194,33 @@ def body_framing(headers):
     return None, None
 
 
+def quickack(writer):
+    """Acknowledge what arrives from now on at once, not after Linux's delayed-ACK timer.
+
+    A server that writes a response's head and body in two writes without TCP_NODELAY (hyper's
+    default, so s3s-fs; werkzeug, so moto) holds the body until the head is acknowledged, and a
+    keep-alive connection's receiver delays that ACK by up to 40 ms: every GET would pay it,
+    which no real store's link does. Linux resets the flag on its own, so it is set per read.
+    """
+    sock = writer.get_extra_info("socket")
+    if sock is not None and hasattr(socket, "TCP_QUICKACK"):
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
+        except OSError:
+            pass
+
+
 async def send(writer, link, data):
     await link.transmit(len(data))
     writer.write(data)
     await writer.drain()
 
 
-async def relay_length(reader, writer, link, n):
+async def relay_length(reader, writer, link, n, ack=None):
     sent = 0
     while sent < n:
+        if ack is not None:
+            quickack(ack)
         data = await reader.read(min(CHUNK_BYTES, n - sent))
         if not data:
             raise ProtocolError("connection closed %d bytes into a %d-byte body" % (sent, n))
@@ -206,9 +229,11 @@ async def relay_length(reader, writer, link, n):
     return sent
 
 
-async def relay_chunked(reader, writer, link):
+async def relay_chunked(reader, writer, link, ack=None):
     total = 0
     while True:
+        if ack is not None:
+            quickack(ack)
         line = await reader.readuntil(b"\r\n")
         size_text = line.split(b";", 1)[0].strip()
         try:
@@ -225,12 +250,14 @@ async def relay_chunked(reader, writer, link):
                 total += len(trailer)
                 if trailer == b"\r\n":
                     return total
-        total += await relay_length(reader, writer, link, size + 2)  # data + CRLF
+        total += await relay_length(reader, writer, link, size + 2, ack)  # data + CRLF
 
 
-async def relay_until_close(reader, writer, link):
+async def relay_until_close(reader, writer, link, ack=None):
     total = 0
     while True:
+        if ack is not None:
+            quickack(ack)
         data = await reader.read(CHUNK_BYTES)
         if not data:
             return total
@@ -356,6 +383,7 @@ class Proxy:
                 close = wants_close(version, headers)
                 # The response, after any interim 1xx responses.
                 while True:
+                    quickack(upstream_writer)
                     rhead = await read_head(upstream_reader)
                     if rhead is None:
                         raise ProtocolError("upstream closed before answering %s" % method)
@@ -370,14 +398,18 @@ class Proxy:
                 key = str(status)
                 self.stats.responses_by_status[key] = self.stats.responses_by_status.get(key, 0) + 1
                 rframing, rlength = body_framing(rheaders)
+                quickack(upstream_writer)
                 if method == "HEAD" or status in (204, 304):
                     pass
                 elif rframing == "chunked":
-                    received += await relay_chunked(upstream_reader, client_writer, self.down)
+                    received += await relay_chunked(upstream_reader, client_writer, self.down,
+                                                    upstream_writer)
                 elif rframing == "length":
-                    received += await relay_length(upstream_reader, client_writer, self.down, rlength)
+                    received += await relay_length(upstream_reader, client_writer, self.down, rlength,
+                                                   upstream_writer)
                 else:
-                    received += await relay_until_close(upstream_reader, client_writer, self.down)
+                    received += await relay_until_close(upstream_reader, client_writer, self.down,
+                                                        upstream_writer)
                     close = True
                 self.stats.bytes_down += received
                 if close or wants_close(rparts[0], rheaders):

@@ -29,6 +29,10 @@
 #   BUCKETFS_TEST_PYTHON       python with boto3/moto (default python3)
 #   BUCKETFS_TEST_S3_TLS=1     serve moto over HTTPS with a throwaway CA (default: plain HTTP
 #                              with aws.allow_http = true)
+#   BUCKETFS_TEST_S3_SERVER    the S3 server start_moto runs: "moto" (default) or the path of an
+#                              s3s-fs binary (bench/setup builds one), an S3 server in
+#                              Rust over a directory, fast enough that the benchmarks' emulated
+#                              link, not the emulator, sets the pace of many small requests
 #
 # Variables set for the test
 #   REPO_ROOT, TESTS_DIR       the repository and its tests/ folder
@@ -708,17 +712,28 @@ start_moto() {
         S3_ENDPOINT="http://127.0.0.1:$MOTO_PORT"
     fi
     export MOTO_PORT S3_ENDPOINT
-    "$BUCKETFS_TEST_PYTHON" -m moto.server -H 127.0.0.1 -p "$MOTO_PORT" "${tls_args[@]}" >>"$log" 2>&1 &
+    local server=${BUCKETFS_TEST_S3_SERVER:-moto}
+    if [[ $server == moto ]]; then
+        "$BUCKETFS_TEST_PYTHON" -m moto.server -H 127.0.0.1 -p "$MOTO_PORT" "${tls_args[@]}" >>"$log" 2>&1 &
+    else
+        [[ -x $server && ${#tls_args[@]} -eq 0 ]] ||
+            die "BUCKETFS_TEST_S3_SERVER=$server: not an executable s3s-fs (or asked with TLS, which it does not serve)"
+        # Empty at every start, as moto is (it keeps its objects in memory).
+        local root
+        root=$(mktemp -d "$TEST_DIR/s3-root.XXXXXX")
+        "$server" --host 127.0.0.1 --port "$MOTO_PORT" --access-key testing --secret-key testing \
+            "$root" >>"$log" 2>&1 &
+    fi
     MOTO_PID=$!
     register_pid "$MOTO_PID"
     wait_for 60 _port_open "$MOTO_PORT" || {
         cat "$log" >&2
-        die "moto_server did not start on port $MOTO_PORT"
+        die "$server did not start on port $MOTO_PORT"
     }
     BUCKET_BACKEND=s3 S3_BUCKET="$S3_BUCKET" S3_ENDPOINT="$S3_ENDPOINT" \
         "$BUCKETFS_TEST_PYTHON" "$TEST_DIR/bucket_tool.py" mkbucket ||
         die "could not create bucket $S3_BUCKET on moto at $S3_ENDPOINT"
-    log "moto_server on $S3_ENDPOINT (pid $MOTO_PID), bucket $S3_BUCKET"
+    log "$server on $S3_ENDPOINT (pid $MOTO_PID), bucket $S3_BUCKET"
 }
 
 # ---------------------------------------------------------------------------------------------
