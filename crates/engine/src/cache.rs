@@ -118,8 +118,9 @@ impl DiskCache {
         })
     }
 
-    /// Bytes `offset..offset+length` of object `id` of `space`, if cached (whole or as that
-    /// piece).
+    /// Bytes `offset..offset+length` of object `id` of `space`, if cached: in the whole
+    /// object, or in the piece that starts nearest at or before `offset`, if it reaches
+    /// `offset + length` (pieces are byte ranges of the object, such as one GET's).
     pub fn get(&self, space: Space, id: u64, offset: u64, length: u32) -> Option<Vec<u8>> {
         use std::os::unix::fs::FileExt;
         let (key, at) = {
@@ -128,9 +129,15 @@ impl DiskCache {
             if idx.lru.get(&whole).is_some() {
                 (whole, offset)
             } else {
-                let piece = Key::piece(space, id, offset);
+                let piece = *idx
+                    .keys
+                    .range(Key::piece(space, id, 0)..=Key::piece(space, id, offset))
+                    .next_back()?;
+                let start = piece.piece_offset.expect("the range holds pieces only");
                 match idx.lru.get(&piece) {
-                    Some(&size) if size == u64::from(length) => (piece, 0),
+                    Some(&size) if start + size >= offset + u64::from(length) => {
+                        (piece, offset - start)
+                    }
                     _ => return None,
                 }
             }
@@ -150,6 +157,9 @@ impl DiskCache {
         self.insert(Key::object(space, id), bytes);
     }
 
+    /// Bytes `offset..offset + bytes.len()` of the object: one file, however many frames or
+    /// blocks it holds (a file per frame made a cold sequential read create thousands a
+    /// second, which ext4 serves slowly).
     pub fn put_piece(&self, space: Space, id: u64, offset: u64, bytes: &[u8]) {
         self.insert(Key::piece(space, id, offset), bytes);
     }
@@ -237,10 +247,12 @@ mod tests {
         );
         assert_eq!(cache.get(Space::Log, 8, 0, 10), Some(vec![8; 10]));
         assert_eq!(
-            cache.get(Space::Log, 8, 0, 9),
-            None,
-            "a frame is found by its exact length"
+            cache.get(Space::Log, 8, 2, 3),
+            Some(vec![8; 3]),
+            "a piece serves any range inside it"
         );
+        assert_eq!(cache.get(Space::Log, 8, 5, 6), None, "not one that goes past its end");
+        assert_eq!(cache.get(Space::Log, 9, 0, 1), None, "nor another object's bytes");
 
         cache.put_piece(Space::Run, 7, 4, &[5; 10]);
         assert_eq!(

@@ -83,7 +83,9 @@ pub struct Tuning {
     pub cold_read_whole_object_bytes_max: u64,
     /// A read that starts where the last read of the same inode ended has the next this many
     /// bytes fetched while its client handles it (engine/readahead.rs); 0 turns readahead off.
-    /// Two 1 MiB requests ahead keep one client's sequential READs from waiting on the store.
+    /// 4 MiB keeps one client's sequential 1 MiB reads from waiting on the store: over a link
+    /// of 20 ms and 100 MB/s (twice its bandwidth-delay product) it reached 0.82-0.89 of the
+    /// link where 2 MiB reached 0.64-0.72 (docs/benchmarks/2026-11-28-cold-reads.md).
     pub readahead_bytes: u64,
     /// A merge of the metadata runs is cut into parts of about this many bytes of entries: what
     /// a merge holds in memory at once, and what one part's upload carries.
@@ -135,7 +137,7 @@ impl Default for Tuning {
             repack_extents_per_object: 112,
             read_coalesce_gap_bytes: 64 * 1024,
             cold_read_whole_object_bytes_max: 4 << 20,
-            readahead_bytes: 2 << 20,
+            readahead_bytes: 4 << 20,
             run_part_bytes: 64 << 20,
             run_merge_bytes_per_checkpoint: 256 << 20,
             delta_runs_per_merge: 4,

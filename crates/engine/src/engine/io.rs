@@ -423,15 +423,14 @@ impl Engine {
                 }
                 None => (lo, self.inner.bucket.get_range(&key, lo..hi).await?),
             };
+            // One piece for the whole GET (a whole object is in the disk cache already).
+            if let Some(c) = self.inner.disk_cache.as_ref().filter(|_| whole.is_none()) {
+                c.put_piece(Space::Log, seq, lo, &bytes);
+            }
             for ((_, p), slot) in group.iter().zip(frames.iter_mut()) {
                 if slot.is_none() {
                     let at = (u64::from(p.offset) - lo) as usize;
-                    let frame = bytes.slice(at..at + p.length as usize);
-                    // A whole object is in the disk cache already.
-                    if let Some(c) = self.inner.disk_cache.as_ref().filter(|_| whole.is_none()) {
-                        c.put_piece(Space::Log, p.seq, p.offset.into(), &frame);
-                    }
-                    *slot = Some(frame);
+                    *slot = Some(bytes.slice(at..at + p.length as usize));
                 }
             }
         }
