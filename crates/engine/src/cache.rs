@@ -251,8 +251,16 @@ mod tests {
             Some(vec![8; 3]),
             "a piece serves any range inside it"
         );
-        assert_eq!(cache.get(Space::Log, 8, 5, 6), None, "not one that goes past its end");
-        assert_eq!(cache.get(Space::Log, 9, 0, 1), None, "nor another object's bytes");
+        assert_eq!(
+            cache.get(Space::Log, 8, 5, 6),
+            None,
+            "not one that goes past its end"
+        );
+        assert_eq!(
+            cache.get(Space::Log, 9, 0, 1),
+            None,
+            "nor another object's bytes"
+        );
 
         cache.put_piece(Space::Run, 7, 4, &[5; 10]);
         assert_eq!(
