@@ -5,6 +5,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use parking_lot::Mutex;
 use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,6 +29,8 @@ pub enum Fault {
 pub struct FaultyBucket {
     inner: SharedBucket,
     fault: Mutex<Fault>,
+    /// Delete requests asked of it (a `delete_many` is one).
+    deletes: AtomicU64,
 }
 
 impl FaultyBucket {
@@ -35,7 +38,13 @@ impl FaultyBucket {
         Self {
             inner,
             fault: Mutex::new(Fault::None),
+            deletes: AtomicU64::new(0),
         }
+    }
+
+    /// Delete requests asked of it so far (a `delete_many` counts once).
+    pub fn deletes(&self) -> u64 {
+        self.deletes.load(Ordering::Relaxed)
     }
 
     pub fn set(&self, fault: Fault) {
@@ -94,8 +103,14 @@ impl Bucket for FaultyBucket {
         self.inner.get_range(key, range).await
     }
     async fn delete(&self, key: &str, mode: DeleteMode) -> Result<(), StoreError> {
+        self.deletes.fetch_add(1, Ordering::Relaxed);
         self.check(false).await?;
         self.inner.delete(key, mode).await
+    }
+    async fn delete_many(&self, keys: Vec<String>) -> Result<(), StoreError> {
+        self.deletes.fetch_add(1, Ordering::Relaxed);
+        self.check(false).await?;
+        self.inner.delete_many(keys).await
     }
     async fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, StoreError> {
         self.check(false).await?;

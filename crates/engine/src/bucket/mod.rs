@@ -78,6 +78,14 @@ pub trait Bucket: Send + Sync + 'static {
     async fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes, StoreError>;
     /// Deleting a missing object succeeds.
     async fn delete(&self, key: &str, mode: DeleteMode) -> Result<(), StoreError>;
+    /// Deletes every key durably, in as few requests as the store allows (S3's DeleteObjects
+    /// takes up to 1,000). On an error some of them may be deleted; deleting again is safe.
+    async fn delete_many(&self, keys: Vec<String>) -> Result<(), StoreError> {
+        for key in keys {
+            self.delete(&key, DeleteMode::Durable).await?;
+        }
+        Ok(())
+    }
     /// Every object whose key starts with `prefix` (a folder such as `log/`), in key order.
     async fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, StoreError>;
     /// Called once by the writer, holding the writer lock, before it reads the bucket. A bucket

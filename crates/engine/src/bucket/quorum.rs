@@ -29,9 +29,12 @@ const STORE_IDENTITY: &str = "journal/journal.id";
 const STORE_RECORD_MAGIC: &[u8; 8] = b"BFSJOBJ1";
 /// Requests at once when an object-store target is read or emptied.
 const STORE_REQUESTS_IN_FLIGHT: usize = 32;
-/// Attempts to delete a released record from an object-store target before the target counts
+/// Attempts to delete released records from an object-store target before the target counts
 /// as holding a stale record.
 const RELEASE_ATTEMPTS: u32 = 3;
+/// Released records one delete request takes from an object-store target (S3's DeleteObjects
+/// takes at most 1,000 keys).
+const RELEASE_BATCH_MAX: usize = 1000;
 /// A record an object-store target has not taken within this long counts as failed there.
 const STORE_APPEND_TIMEOUT: Duration = Duration::from_secs(10);
 /// An object-store target that has not been read within this long at a start is unreachable.
@@ -129,6 +132,8 @@ struct Target {
     stale: AtomicBool,
     /// Releases not finished.
     releasing: AtomicUsize,
+    /// An object store's released records waiting for the next batched delete.
+    releases: Mutex<ReleaseQueue>,
     /// Appends not finished.
     appending: AtomicUsize,
     /// The last append failed (logged once per failure streak).
@@ -138,6 +143,15 @@ struct Target {
 enum Held {
     Ring(Ticket),
     Store(String),
+}
+
+/// Records an object-store target must delete. One task at a time deletes them, each request
+/// taking all that gathered while the last one was under way: a burst of releases (the bucket
+/// took a merged batch) costs one request, not one per record.
+#[derive(Default)]
+struct ReleaseQueue {
+    names: Vec<String>,
+    draining: bool,
 }
 
 /// A record on the targets that took it.
@@ -207,6 +221,7 @@ impl Quorum {
                 dropped: AtomicBool::new(false),
                 stale: AtomicBool::new(false),
                 releasing: AtomicUsize::new(0),
+                releases: Mutex::new(ReleaseQueue::default()),
                 appending: AtomicUsize::new(0),
                 failing: AtomicBool::new(false),
             }));
@@ -447,22 +462,12 @@ impl Quorum {
         };
         for (i, h) in held {
             let t = self.targets[i].clone();
-            match h {
-                Held::Ring(_) => self.release_one(&t, h).await,
-                Held::Store(_) => {
-                    let quorum = self.clone();
-                    t.releasing.fetch_add(1, Ordering::AcqRel);
-                    tokio::spawn(async move {
-                        quorum.release_store(&t, h).await;
-                        t.releasing.fetch_sub(1, Ordering::AcqRel);
-                        quorum.released.notify_waiters();
-                    });
-                }
-            }
+            self.release_one(&t, h).await;
         }
     }
 
-    async fn release_one(&self, t: &Target, h: Held) {
+    /// A local ring clears the record at once; an object store queues it for a batched delete.
+    async fn release_one(self: &Arc<Self>, t: &Arc<Target>, h: Held) {
         match (&t.kind, h) {
             (Kind::Ring { journal, .. }, Held::Ring(ticket)) => {
                 let j = journal.clone();
@@ -471,20 +476,52 @@ impl Quorum {
                     tracing::warn!(target = %t.name, "could not clear a journal record whose object is in the bucket; a restart uploads it again");
                 }
             }
-            (_, h) => self.release_store(t, h).await,
+            (_, Held::Store(name)) => {
+                t.releasing.fetch_add(1, Ordering::AcqRel);
+                let start = {
+                    let mut q = t.releases.lock();
+                    q.names.push(name);
+                    !std::mem::replace(&mut q.draining, true)
+                };
+                if start {
+                    let (quorum, t) = (self.clone(), t.clone());
+                    tokio::spawn(async move { quorum.drain_releases(&t).await });
+                }
+            }
+            (_, Held::Ring(_)) => {}
         }
     }
 
-    async fn release_store(&self, t: &Target, h: Held) {
-        let (Kind::Store(bucket), Held::Store(name)) = (&t.kind, h) else {
+    /// Deletes the target's queued records until none are left, each request taking all that
+    /// gathered meanwhile (up to `RELEASE_BATCH_MAX`).
+    async fn drain_releases(&self, t: &Target) {
+        loop {
+            let names: Vec<String> = {
+                let mut q = t.releases.lock();
+                if q.names.is_empty() {
+                    q.draining = false;
+                    return;
+                }
+                let n = q.names.len().min(RELEASE_BATCH_MAX);
+                q.names.drain(..n).collect()
+            };
+            let n = names.len();
+            self.release_store(t, names).await;
+            t.releasing.fetch_sub(n, Ordering::AcqRel);
+            self.released.notify_waiters();
+        }
+    }
+
+    async fn release_store(&self, t: &Target, names: Vec<String>) {
+        let Kind::Store(bucket) = &t.kind else {
             return;
         };
         let mut delay = Duration::from_millis(200);
         for attempt in 1..=RELEASE_ATTEMPTS {
-            match bucket.delete(&name, DeleteMode::Durable).await {
+            match bucket.delete_many(names.clone()).await {
                 Ok(()) => return,
                 Err(e) if attempt == RELEASE_ATTEMPTS => {
-                    tracing::warn!(target = %t.name, record = %name, error = %e, "journal target kept a released record");
+                    tracing::warn!(target = %t.name, records = names.len(), first = %names[0], error = %e, "journal target kept released records");
                     t.stale.store(true, Ordering::Release);
                 }
                 Err(_) => {

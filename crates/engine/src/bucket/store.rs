@@ -3,7 +3,7 @@
 use super::{Bucket, DeleteMode, ObjectInfo, PutMode, StoreError};
 use async_trait::async_trait;
 use bytes::Bytes;
-use futures::TryStreamExt;
+use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path;
 use object_store::prefix::PrefixStore;
 use object_store::{
@@ -158,6 +158,20 @@ impl Bucket for ObjectStoreBucket {
             Err(StoreError::NotFound(_)) => Ok(()),
             other => other,
         }
+    }
+
+    /// object_store's bulk delete: S3's DeleteObjects (1,000 keys a request), other stores one
+    /// DELETE per key, several at once.
+    async fn delete_many(&self, keys: Vec<String>) -> Result<(), StoreError> {
+        let locations = futures::stream::iter(keys.into_iter().map(|k| Ok(Path::from(k)))).boxed();
+        let mut results = self.store.delete_stream(locations);
+        while let Some(r) = results.next().await {
+            match r.map_err(classify) {
+                Ok(_) | Err(StoreError::NotFound(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, StoreError> {

@@ -212,7 +212,16 @@ async fn a_quorum_journal_answers_with_two_of_three_targets_and_opens_from_two()
         .await
         .unwrap();
     e.flush().await.unwrap();
-    let before = log_count(&w).await;
+    // The journal acknowledged that flush; its upload to the bucket may still be under way.
+    let mut before = 0;
+    for _ in 0..500 {
+        before = log_count(&w).await;
+        if before > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(before > 0, "the first flush reached the bucket within 10 s");
     flush_into_journal_only(&w, &e, 8192, 2).await;
     assert_eq!(log_count(&w).await, before, "only the journal holds it");
     crash(&w, e).await;
@@ -393,6 +402,43 @@ async fn journaled_barriers_reach_the_bucket_together() {
     .unwrap();
     check_extents(&e, 0..200).await;
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// An object-store target deletes the records the bucket no longer needs in batches: one
+/// request for what a merged batch covered, not one per record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_object_store_target_deletes_released_records_in_batches() {
+    let w = world();
+    let targets = quorum_targets();
+    let (bucket, mut opts) = w.writer(EngineOptions::for_tests("pw"));
+    opts.journaled_barriers = true;
+    opts.tuning.journal_coalesce_ms = 20;
+    let journaled = Arc::new(JournaledBucket::new(bucket, quorum_tier(&targets)));
+    let e = Engine::open(journaled.clone(), opts).await.unwrap();
+    let before: Vec<u64> = targets.iter().map(|t| t.deletes()).collect();
+    write_and_flush(&e, 0..200).await;
+    let mut left = usize::MAX;
+    for _ in 0..500 {
+        left = 0;
+        for t in &targets {
+            left += t.list("journal/records/").await.unwrap().len();
+        }
+        if left == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(left, 0, "the targets dropped every record within 10 s");
+    assert_eq!(e.stats().journal_records, 200);
+    for (i, (t, before)) in targets.iter().zip(before).enumerate() {
+        let requests = t.deletes() - before;
+        assert!(
+            (1..100).contains(&requests),
+            "target {i} dropped 200 records with {requests} delete requests"
+        );
+    }
+    check_extents(&e, 0..200).await;
+    e.close().await.unwrap();
 }
 
 /// A clean stop while the bucket refuses every PUT does not wait without end: it fails within
