@@ -386,7 +386,14 @@ async fn journaled_barriers_reach_the_bucket_together() {
     );
     let stats = e.stats();
     let objects = stats.log_objects_written - before;
-    assert_eq!(stats.journal_records, 200);
+    // A coalescing flush that starts between a write and its barrier takes that write for the
+    // bucket; the barrier then waits for the upload instead of writing a record. That race is
+    // rare, so nearly every barrier still has its own record.
+    assert!(
+        (180..=200).contains(&stats.journal_records),
+        "200 barriers wrote {} journal records",
+        stats.journal_records
+    );
     assert!(
         (1..50).contains(&objects),
         "200 barriers went to the bucket as {objects} log objects"
@@ -429,7 +436,9 @@ async fn an_object_store_target_deletes_released_records_in_batches() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(left, 0, "the targets dropped every record within 10 s");
-    assert_eq!(e.stats().journal_records, 200);
+    // As above, a barrier that races a coalescing flush may wait for the bucket instead.
+    let records = e.stats().journal_records;
+    assert!((180..=200).contains(&records), "{records} records");
     for (i, (t, before)) in targets.iter().zip(before).enumerate() {
         let requests = t.deletes() - before;
         assert!(
