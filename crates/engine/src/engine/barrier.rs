@@ -609,14 +609,8 @@ impl Engine {
         self.inner
             .log_bytes_stored
             .fetch_add(object.len() as u64, Ordering::Relaxed);
-        if self.inner.disk_cache.is_some() {
-            // Up to PENDING_BYTES_MAX of file writes: not on an async worker.
-            let (engine, object) = (self.clone(), object.clone());
-            let _detached = self.inner.tasks.spawn_blocking(move || {
-                if let Some(c) = &engine.inner.disk_cache {
-                    c.put_object(Space::Log, seq, &object);
-                }
-            });
+        if let Some(c) = &self.inner.disk_cache {
+            c.put_object(Space::Log, seq, object.clone());
         }
         self.inner.last_commit_us.store(
             self.inner.epoch.elapsed().as_micros() as u64,

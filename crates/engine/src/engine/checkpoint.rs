@@ -356,7 +356,7 @@ impl Engine {
             other => other?,
         }
         if let Some(d) = &self.inner.disk_cache {
-            d.put_object(Space::Run, info.seal_id(), &object);
+            d.put_object(Space::Run, info.seal_id(), object.clone());
         }
         Ok(reader)
     }

@@ -417,7 +417,7 @@ impl Engine {
                         )));
                     }
                     if let Some(c) = &self.inner.disk_cache {
-                        c.put_object(Space::Log, seq, &bytes);
+                        c.put_object(Space::Log, seq, bytes.clone());
                     }
                     (0, bytes)
                 }
@@ -425,7 +425,7 @@ impl Engine {
             };
             // One piece for the whole GET (a whole object is in the disk cache already).
             if let Some(c) = self.inner.disk_cache.as_ref().filter(|_| whole.is_none()) {
-                c.put_piece(Space::Log, seq, lo, &bytes);
+                c.put_piece(Space::Log, seq, lo, bytes.clone());
             }
             for ((_, p), slot) in group.iter().zip(frames.iter_mut()) {
                 if slot.is_none() {

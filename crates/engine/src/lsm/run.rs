@@ -546,7 +546,7 @@ impl RunReader {
                 let sealed = self.bucket.get_range(&self.key, range).await?;
                 let entries = self.open_block(block, &sealed)?;
                 if let Some(d) = &self.disk {
-                    d.put_piece(Space::Run, self.run_id, b.offset, &sealed);
+                    d.put_piece(Space::Run, self.run_id, b.offset, sealed.clone());
                 }
                 entries
             }

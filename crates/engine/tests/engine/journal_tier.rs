@@ -54,10 +54,19 @@ async fn a_flush_is_durable_in_the_journal_while_the_bucket_refuses_puts() {
         w.bucket.get(JOURNAL_MARKER_KEY).await.is_ok(),
         "the bucket names its journal before anything is journaled"
     );
+    let at_open = log_count(&w).await;
     e.write(1, 0, 8192, Fill::Data(&pattern(1, 8192)))
         .await
         .unwrap();
     e.flush().await.unwrap();
+    // The tier uploads that flush's object behind it: once it is in the bucket, nothing is on
+    // its way there when the bucket starts refusing.
+    for _ in 0..500 {
+        if log_count(&w).await > at_open {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 
     w.faults.set(Fault::FailPuts);
     let before = log_count(&w).await;
