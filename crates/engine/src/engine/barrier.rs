@@ -371,6 +371,7 @@ impl Engine {
                 self.run_upload(seq, object).await;
                 parts.add(BarrierPart::Put, putting);
             }
+            let mut committed_any = false;
             {
                 let locking = tokio::time::Instant::now();
                 let mut ctl = self.inner.upload.lock().await;
@@ -391,6 +392,7 @@ impl Engine {
                             self.commit_sealed(&mut ctl, &sealed);
                             self.inner.queue.lock().pop_front();
                             self.inner.committed_notify.notify_waiters();
+                            committed_any = true;
                         }
                         Some(_) => break,
                         None => {
@@ -410,6 +412,19 @@ impl Engine {
             }
             if let Some(why) = &*self.inner.poisoned.lock() {
                 return Err(EngineError::Poisoned(why.clone()));
+            }
+            // Only the end of an upload under way wakes this wait. Uploads start within the
+            // first UPLOADS_IN_FLIGHT_MAX queued objects, so once committed ones (by this task
+            // or another) leave the front, the ones behind are started here first; with none
+            // in flight, nothing would ever wake it.
+            let in_flight = self
+                .inner
+                .queue
+                .lock()
+                .iter()
+                .any(|s| s.upload == UploadState::InFlight);
+            if committed_any || !in_flight {
+                continue;
             }
             let waiting = tokio::time::Instant::now();
             stored.await;

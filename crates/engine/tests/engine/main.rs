@@ -14,3 +14,4 @@ mod local_bucket;
 mod metrics;
 mod outage;
 mod txn;
+mod uploads;
