@@ -34,6 +34,7 @@ under "faults" by mode ("refused" stays the count of refused requests).
 
 Usage: s3proxy.py --listen 127.0.0.1:PORT --upstream 127.0.0.1:PORT [--latency 20ms]
                   [--bandwidth 100MB/s] [--stats FILE] [--fault-while FILE]
+                  [--request-log FILE]
        s3proxy.py --check-args [--latency L] [--bandwidth B]     (validate, as bench/run does)
 Latency: 20ms, 500us, 0.02s (a bare number is ms). Bandwidth: 100MB/s (decimal), 80MiB/s,
 1Gbit/s, or 0 / unlimited.
@@ -293,6 +294,7 @@ def wants_close(version, headers):
 class Proxy:
     def __init__(self, args):
         self.args = args
+        self.request_log = open(args.request_log, "a", buffering=1) if args.request_log else None
         self.up = Link(args.bandwidth)
         self.down = Link(args.bandwidth)
         self.stats = Stats(args)
@@ -364,6 +366,7 @@ class Proxy:
                     headers = [(k, v) for k, v in headers if k.lower() != "expect"]
                     head = build_head(start, headers)
                 framing, length = body_framing(headers)
+                t_head = time.monotonic()
                 # The round trip to a distant object store, once per request.
                 if self.args.latency > 0:
                     await asyncio.sleep(self.args.latency)
@@ -377,6 +380,7 @@ class Proxy:
                     sent += await relay_chunked(client_reader, upstream_writer, self.up)
                 elif framing == "length":
                     sent += await relay_length(client_reader, upstream_writer, self.up, length)
+                t_sent = time.monotonic()
                 self.stats.requests += 1
                 self.stats.by_method[method] = self.stats.by_method.get(method, 0) + 1
                 self.stats.bytes_up += sent
@@ -387,6 +391,7 @@ class Proxy:
                     rhead = await read_head(upstream_reader)
                     if rhead is None:
                         raise ProtocolError("upstream closed before answering %s" % method)
+                    t_answered = time.monotonic()
                     rstart, rheaders = parse_head(rhead)
                     rparts = rstart.split(" ", 2)
                     status = int(rparts[1]) if len(rparts) > 1 and rparts[1].isdigit() else 0
@@ -412,6 +417,7 @@ class Proxy:
                                                         upstream_writer)
                     close = True
                 self.stats.bytes_down += received
+                self.log_request(method, status, t_head, t_sent, t_answered, sent, received)
                 if close or wants_close(rparts[0], rheaders):
                     return
         except (ProtocolError, ConnectionError, asyncio.IncompleteReadError,
@@ -422,6 +428,20 @@ class Proxy:
             for w in (client_writer, upstream_writer):
                 if w is not None:
                     w.close()
+
+    def log_request(self, method, status, t_head, t_sent, t_answered, sent, received):
+        """One line per request in --request-log: when it ended (Unix time), and where its time
+        went in ms: the added latency, sending the request up the link (for a GET, its head's
+        wait behind uploads queued on that direction), the server's answer, and the response
+        down the link."""
+        if self.request_log is None:
+            return
+        done = time.monotonic()
+        latency = self.args.latency * 1e3
+        up = (t_sent - t_head) * 1e3 - latency
+        self.request_log.write("%.6f %s %d %.3f %.3f %.3f %.3f %.3f %d %d\n" % (
+            time.time(), method, status, (done - t_head) * 1e3, latency, up,
+            (t_answered - t_sent) * 1e3, (done - t_answered) * 1e3, sent, received))
 
     def write_stats(self):
         if not self.args.stats:
@@ -439,6 +459,9 @@ async def main():
     ap.add_argument("--latency", type=parse_latency_s, default=parse_latency_s("20ms"))
     ap.add_argument("--bandwidth", type=parse_bandwidth_bytes_per_s, default=0.0)
     ap.add_argument("--stats", help="write counters as JSON here")
+    ap.add_argument("--request-log", metavar="FILE",
+                    help="append a line per request: end time, method, status, total ms, "
+                         "latency ms, up-link ms, server ms, down-link ms, bytes up, bytes down")
     ap.add_argument("--fault-while", "--refuse-while", dest="fault_while", metavar="FILE",
                     help="while FILE exists, answer every request with the fault it names: "
                          "refuse (also an empty file), 503, reset or hang")

@@ -93,7 +93,8 @@ threading.Thread(target=server.serve_forever, daemon=True).start()
 latency_s, bandwidth = 0.05, 10e6
 proxy = subprocess.Popen([sys.executable, proxy_py, "--listen", "127.0.0.1:%d" % px_port,
                           "--upstream", "127.0.0.1:%d" % up_port, "--latency", "50ms",
-                          "--bandwidth", "10MB/s", "--stats", stats])
+                          "--bandwidth", "10MB/s", "--stats", stats,
+                          "--request-log", stats + ".requests"])
 try:
     for _ in range(100):
         try:
@@ -137,6 +138,15 @@ assert s["connections"] == 2, "keep-alive connection was not kept: %s" % s
 assert s["by_method"] == {"PUT": 3, "HEAD": 1, "GET": 3}, s
 assert s["errors"] == 0, s
 assert s["bytes_up"] > 1_000_000 and s["bytes_down"] > 1_000_000, s
+# --request-log: a line per request, in order, whose parts add up to its whole time.
+lines = [l.split() for l in open(stats + ".requests")]
+assert [(l[1], l[2]) for l in lines] == [("PUT", "200")] * 3 + [("HEAD", "200")] + [("GET", "200")] * 3, lines
+for l in lines:
+    whole, latency, up, server, down = map(float, l[3:8])
+    assert abs(latency - 50) < 0.01 and min(up, server, down) >= 0, l
+    assert abs(whole - (latency + up + server + down)) < 1, l
+put_a = lines[0]
+assert float(put_a[5]) >= 90 and int(put_a[8]) > 1_000_000, "the 1 MB PUT's up-link time: %s" % put_a
 print("s3proxy self-test: 7 requests on 1 connection, %.2f s of delay added, PUT 1 MB in %.3f s" % (
     s["delay_added_s"], t_put))
 PY
