@@ -51,6 +51,9 @@ impl Default for Readahead {
     }
 }
 
+/// The smallest piece fetched ahead: 8 extents, so a window of 4 MiB is at most 64 fetches.
+const PIECE_BYTES_MIN: u64 = 64 * 1024;
+
 impl Readahead {
     /// Notes a read of `offset..end` of `ino`, with `ahead` bytes of readahead.
     pub(super) fn plan(&self, ino: u64, offset: u64, end: u64, ahead: u64) -> Plan {
@@ -68,7 +71,10 @@ impl Readahead {
             .collect();
         let mut fetch = Vec::new();
         if sequential {
-            let piece = (end - offset).max(1);
+            // Pieces the size of the read, so that each next read waits for its own; but never
+            // small ones, or a client reading a byte at a time would start a task per byte of
+            // the window (millions, found by the nfs_rpc fuzz target).
+            let piece = (end - offset).max(PIECE_BYTES_MIN);
             let mut from = s.ahead_end.max(end);
             let until = end.saturating_add(ahead);
             while from < until {
@@ -97,26 +103,40 @@ impl Readahead {
 mod tests {
     use super::*;
 
+    const K: u64 = 1024;
+
     #[test]
     fn sequential_reads_fetch_ahead_in_pieces_and_jumps_do_not() {
         let r = Readahead::default();
         // The first read of an inode is not sequential.
-        assert!(r.plan(7, 0, 100, 250).fetch.is_empty());
-        // The second is: the next 250 bytes in pieces of 100.
-        let p = r.plan(7, 100, 200, 250);
-        assert_eq!(p.fetch, vec![(200, 300), (300, 400), (400, 450)]);
+        assert!(r.plan(7, 0, 100 * K, 250 * K).fetch.is_empty());
+        // The second is: the next 250 KiB in pieces of 100.
+        let p = r.plan(7, 100 * K, 200 * K, 250 * K);
+        assert_eq!(
+            p.fetch,
+            vec![(200 * K, 300 * K), (300 * K, 400 * K), (400 * K, 450 * K)]
+        );
         for (s, e) in p.fetch {
             r.started(7, s, e, async {}.boxed());
         }
         // The third waits for the fetch of its range and asks only for what is new.
-        let p = r.plan(7, 200, 300, 250);
+        let p = r.plan(7, 200 * K, 300 * K, 250 * K);
         assert_eq!(p.wait.len(), 1);
-        assert_eq!(p.fetch, vec![(450, 550)]);
+        assert_eq!(p.fetch, vec![(450 * K, 550 * K)]);
         // Another inode is a stream of its own; a jump fetches nothing.
-        assert!(r.plan(8, 200, 300, 250).fetch.is_empty());
-        let p = r.plan(7, 10_000, 10_100, 250);
+        assert!(r.plan(8, 200 * K, 300 * K, 250 * K).fetch.is_empty());
+        let p = r.plan(7, 10_000 * K, 10_100 * K, 250 * K);
         assert!(p.fetch.is_empty() && p.wait.is_empty());
         // No readahead asked: nothing fetched.
-        assert!(r.plan(7, 10_100, 10_200, 0).fetch.is_empty());
+        assert!(r.plan(7, 10_100 * K, 10_200 * K, 0).fetch.is_empty());
+    }
+
+    #[test]
+    fn reads_of_a_byte_fetch_ahead_in_pieces_of_at_least_64_kib() {
+        let r = Readahead::default();
+        r.plan(9, 0, 1, 4 << 20);
+        let p = r.plan(9, 1, 2, 4 << 20);
+        assert_eq!(p.fetch.len(), 64, "4 MiB ahead in 64 KiB pieces");
+        assert!(p.fetch.iter().all(|(s, e)| e - s <= PIECE_BYTES_MIN));
     }
 }
