@@ -4,8 +4,8 @@
 //! client instead of adding up.
 //!
 //! A read is sequential when it starts where the last read of the same inode ended. Each
-//! sequential read starts fetches, in pieces of its own length, of what lies after it up to
-//! `Tuning::readahead_bytes` ahead. A read that finds such a fetch of its range under way
+//! sequential read starts fetches, in pieces of its own length (at least 64 KiB), of what lies
+//! after it up to `Tuning::readahead_bytes` ahead. A read that finds such a fetch of its range under way
 //! waits for it rather than fetching the same extents again, then finds them in the memory
 //! tier. Fetches go through the engine's own read path, so they see exactly what a read
 //! would.
