@@ -101,6 +101,7 @@ check_nbdcopy() {
     create_export copy "$((COPY_MIB + 64))M"
     timeout "$BUCKETFS_CLIENT_TIMEOUT" nbdcopy --connections=4 --flush "$src" "$(nbd_uri copy)" ||
         die "nbdcopy $src -> $(nbd_uri copy) failed"
+    log "nbdcopy out (4 connections)"
     timeout "$BUCKETFS_CLIENT_TIMEOUT" nbdcopy --connections=4 "$(nbd_uri copy)" "$dst" ||
         die "nbdcopy $(nbd_uri copy) -> $dst failed"
     truncate -s "$(stat -c %s "$src")" "$dst"
@@ -108,6 +109,7 @@ check_nbdcopy() {
     b="$(sha256sum <"$dst")"
     [[ "$a" == "$b" ]] || die "nbdcopy round trip of ${COPY_MIB} MiB differs: $a vs $b"
     # The same again through one connection (no multi-conn) reading what four wrote.
+    log "nbdcopy out (1 connection, 64 requests)"
     timeout "$BUCKETFS_CLIENT_TIMEOUT" nbdcopy --connections=1 --requests=64 "$(nbd_uri copy)" "$dst" ||
         die "single-connection nbdcopy out failed"
     truncate -s "$(stat -c %s "$src")" "$dst"

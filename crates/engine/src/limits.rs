@@ -92,6 +92,13 @@ pub const STORE_ATTEMPT_TIMEOUT_MS: u64 = 10_000;
 pub const STORE_ATTEMPT_MS_PER_MIB: u64 = 1_000;
 /// A GET of a whole object, whose size is not known up front, is abandoned after this long.
 pub const STORE_GET_TIMEOUT_MS: u64 = 30_000;
+/// GETs of one bucket in flight at once; more wait their turn before their first attempt (and
+/// before its timeout starts). Without a bound, clients reading in parallel (nbdcopy's 4 x 64
+/// requests, each with readahead) can ask more of a slow store than it answers within an
+/// attempt's timeout: every attempt then times out, and each retry, on top of the abandoned
+/// request the store is still serving, makes it slower (a GET of 64 MiB objects on moto, seen
+/// in CI). 64 GETs of 256 KiB 20 ms away keep 800 MB/s in flight.
+pub const STORE_GETS_IN_FLIGHT_MAX: usize = 64;
 /// No new attempt starts once a request has been retried for this long: past it the caller
 /// decides (a barrier waits out an outage with its own clock, docs/0004), so that a hanging
 /// store costs a caller one budget, not STORE_ATTEMPTS_MAX timeouts.
