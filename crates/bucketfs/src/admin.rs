@@ -381,8 +381,8 @@ mod tests {
 
     #[tokio::test]
     async fn the_socket_is_private_and_a_live_one_is_not_taken_over() {
-        let dir = std::env::temp_dir().join(format!("bucketfs-admin-test-{}", std::process::id()));
-        let path = dir.join("sub/admin.sock");
+        let dir = tempfile::TempDir::with_prefix("bucketfs-admin-test-").unwrap();
+        let path = dir.path().join("sub/admin.sock");
         let listener = bind_socket(&path).unwrap();
         let mode = std::fs::metadata(&path).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, ADMIN_SOCKET_MODE, "mode {mode:o}");
@@ -391,10 +391,9 @@ mod tests {
         // Once its server is gone the socket is stale and is replaced.
         drop(listener);
         bind_socket(&path).unwrap();
-        let file = dir.join("not-a-socket");
+        let file = dir.path().join("not-a-socket");
         std::fs::write(&file, b"x").unwrap();
         let refused = bind_socket(&file).expect_err("a file must not be replaced");
         assert!(refused.contains("not a socket"), "{refused}");
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -188,15 +188,13 @@ mod tests {
 
     #[test]
     fn a_damaged_pem_block_is_reported_as_such() {
-        let dir = std::env::temp_dir().join(format!("bucketfs-tls-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("truncated.pem");
+        let dir = tempfile::TempDir::with_prefix("bucketfs-tls-test-").unwrap();
+        let path = dir.path().join("truncated.pem");
         let text = std::fs::read_to_string(certs("server.pem")).unwrap();
         std::fs::write(&path, &text[..text.len() / 2]).unwrap();
         let mut config = nbd("server.pem", "server.key", None);
         config.tls_cert = Some(path.clone());
         let message = error(&config);
-        std::fs::remove_dir_all(&dir).unwrap();
         assert!(
             message.starts_with("servers.nbd.tls_cert: ") && message.contains("not valid PEM"),
             "{message}"

@@ -98,10 +98,9 @@ impl Drop for Server {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn commit_verifiers_and_synchronous_changes_survive_kill_9() {
-    let dir = std::env::temp_dir().join(format!("bucketfs-nfs-crash-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut server = Server::new(&dir);
+    // Declared before the server: its process is killed before the directory goes.
+    let dir = tempfile::TempDir::with_prefix("bucketfs-nfs-crash-").unwrap();
+    let mut server = Server::new(dir.path());
     let mut c = server.start().await;
     let root = c.mount("/").await.unwrap();
 
@@ -156,6 +155,4 @@ async fn commit_verifiers_and_synchronous_changes_survive_kill_9() {
     }
     assert!(read == data, "the committed data reads back after kill -9");
     server.kill9();
-    drop(server);
-    let _ = std::fs::remove_dir_all(&dir);
 }

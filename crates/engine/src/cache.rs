@@ -429,7 +429,8 @@ mod tests {
 
     #[test]
     fn dropping_an_object_forgets_its_pieces_only_and_size_stays_bounded() {
-        let dir = std::env::temp_dir().join(format!("bucketfs-diskcache-{}", std::process::id()));
+        let scratch = tempfile::TempDir::with_prefix("bucketfs-diskcache-").unwrap();
+        let dir = scratch.path().to_path_buf();
         let cache = DiskCache::open(dir.clone(), 100).unwrap();
         cache.put_object(Space::Log, 7, Bytes::from(vec![7; 30]));
         cache.put_piece(Space::Log, 7, 4, Bytes::from(vec![1; 10]));
@@ -497,14 +498,12 @@ mod tests {
             DiskCache::open(dir.clone(), 100).is_ok(),
             "free once closed"
         );
-        // The old files go on a thread of their own.
-        let _ = std::fs::remove_dir_all(dir);
     }
 
     #[test]
     fn a_piece_is_served_before_its_file_is_written_and_a_forgotten_one_leaves_no_file() {
-        let dir = std::env::temp_dir().join(format!("bucketfs-diskcache-q-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let scratch = tempfile::TempDir::with_prefix("bucketfs-diskcache-q-").unwrap();
+        let dir = scratch.path().to_path_buf();
         let cache = DiskCache::open(dir.clone(), 1 << 20).unwrap();
         for id in 0..100u64 {
             cache.put_piece(Space::Log, id, 8, Bytes::from(vec![id as u8; 1000]));
@@ -523,14 +522,12 @@ mod tests {
         assert_eq!(names.len(), 50, "{names:?}");
         assert!(names.iter().all(|n| n.ends_with("-8")), "{names:?}");
         assert_eq!(cache.get(Space::Log, 99, 8, 1000), Some(vec![99; 1000]));
-        drop(cache);
-        let _ = std::fs::remove_dir_all(dir);
     }
 
     #[test]
     fn opening_moves_an_earlier_run_s_files_aside_and_deletes_them_in_the_background() {
-        let dir = std::env::temp_dir().join(format!("bucketfs-diskcache-o-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let scratch = tempfile::TempDir::with_prefix("bucketfs-diskcache-o-").unwrap();
+        let dir = scratch.path().to_path_buf();
         let cache = DiskCache::open(dir.clone(), 1 << 30).unwrap();
         for id in 0..2000u64 {
             cache.put_object(Space::Log, id, Bytes::from(vec![1; 100]));
@@ -559,7 +556,5 @@ mod tests {
             );
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
-        drop(cache);
-        let _ = std::fs::remove_dir_all(dir);
     }
 }

@@ -486,13 +486,10 @@ fn run_seed(seed: u64, tally: &mut Tally) -> Result<(), String> {
         acked: 0,
         pins: BTreeMap::new(),
     };
+    // Kept for every life of the seed, and removed when this returns (or panics).
     let journal = (seed % 2 == 1).then(|| {
-        let dir = std::env::temp_dir().join(format!(
-            "bucketfs-crash-journal-{}-{seed}",
-            std::process::id()
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        dir
+        tempfile::TempDir::with_prefix(format!("bucketfs-crash-journal-{seed}-"))
+            .expect("the temporary directory is writable")
     });
     for life in 0..=LIVES {
         let last = life == LIVES;
@@ -514,7 +511,7 @@ fn run_seed(seed: u64, tally: &mut Tally) -> Result<(), String> {
         let tasks = TaskSet::default();
         let outcome = rt.block_on(live(
             &store,
-            journal.as_deref().map(|dir| (dir, seed % 4 == 1)),
+            journal.as_ref().map(|dir| (dir.path(), seed % 4 == 1)),
             &mut rng,
             plan,
             tasks.clone(),
@@ -526,9 +523,6 @@ fn run_seed(seed: u64, tally: &mut Tally) -> Result<(), String> {
         rt.block_on(tasks.stop_all());
         rt.shutdown_timeout(Duration::from_secs(10));
         outcome.map_err(|why| format!("seed {seed}, life {life}: {why}"))?;
-    }
-    if let Some(dir) = &journal {
-        let _ = std::fs::remove_dir_all(dir);
     }
     Ok(())
 }

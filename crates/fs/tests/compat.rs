@@ -117,21 +117,22 @@ async fn buckets_of_every_released_format_open_and_read_back() {
         "the fixture of format 1 is kept: {fixtures:?}"
     );
     for fixture in fixtures {
-        let dir = std::env::temp_dir().join(format!(
-            "bucketfs-compat-{}-{}",
-            std::process::id(),
+        // Removed at the end of each fixture's turn, or when a check panics.
+        let scratch = tempfile::TempDir::with_prefix(format!(
+            "bucketfs-compat-{}-",
             fixture.file_name().expect("named").to_string_lossy()
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        copy_dir(&fixture, &dir);
+        ))
+        .expect("the temporary directory is writable");
+        let dir = scratch.path();
+        copy_dir(&fixture, dir);
 
-        let reader = Engine::open(bucket(&dir), options(true))
+        let reader = Engine::open(bucket(dir), options(true))
             .await
             .unwrap_or_else(|e| panic!("{}: {e}", fixture.display()));
         check_devices(&Fs::open(reader).await.expect("fs"), &fixture).await;
 
         // As a writer: opens (migrating if it must), keeps the data, and writes on top.
-        let writer = Engine::open(bucket(&dir), options(false))
+        let writer = Engine::open(bucket(dir), options(false))
             .await
             .unwrap_or_else(|e| panic!("{}: {e}", fixture.display()));
         let fs = Fs::open(writer.clone()).await.expect("fs");
@@ -159,11 +160,10 @@ async fn buckets_of_every_released_format_open_and_read_back() {
             "{superblock}"
         );
         drop(fs);
-        let reader = Engine::open(bucket(&dir), options(true))
+        let reader = Engine::open(bucket(dir), options(true))
             .await
             .expect("reopen");
         check_devices(&Fs::open(reader).await.expect("fs"), &fixture).await;
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }
 

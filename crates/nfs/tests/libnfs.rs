@@ -102,11 +102,11 @@ async fn libnfs_tools_list_read_and_write_the_tree() {
     assert!(!ok, "nfs-cat of a missing file succeeded: {out}");
 
     // The write path: nfs-cp copies a local file in (CREATE, WRITE, COMMIT) and back out.
-    let local = std::env::temp_dir().join(format!("bucketfs-nfs-cp-{}", std::process::id()));
+    let local = tempfile::NamedTempFile::with_prefix("bucketfs-nfs-cp-").unwrap();
     let content: Vec<u8> = (0..300_000u32).flat_map(|i| i.to_le_bytes()).collect();
-    std::fs::write(&local, &content).unwrap();
+    std::fs::write(local.path(), &content).unwrap();
     let (src, dst) = (
-        local.display().to_string(),
+        local.path().display().to_string(),
         format!("nfs://127.0.0.1/dir/copied{q}"),
     );
     let copied = tokio::task::spawn_blocking(move || {
@@ -118,7 +118,7 @@ async fn libnfs_tools_list_read_and_write_the_tree() {
     })
     .await
     .unwrap();
-    std::fs::remove_file(&local).unwrap();
+    drop(local);
     assert!(
         copied.status.success(),
         "nfs-cp in: {}",

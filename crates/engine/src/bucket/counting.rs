@@ -180,8 +180,8 @@ mod tests {
 
     #[tokio::test]
     async fn every_operation_is_counted_timed_and_sized() {
-        let dir = std::env::temp_dir().join(format!("bucketfs-counting-{}", std::process::id()));
-        let local: SharedBucket = Arc::new(LocalBucket::open(&dir).unwrap());
+        let scratch = tempfile::TempDir::with_prefix("bucketfs-counting-").unwrap();
+        let local: SharedBucket = Arc::new(LocalBucket::open(scratch.path()).unwrap());
         let b = CountingBucket::new(local);
         b.put("a", Bytes::from_static(b"hello"), PutMode::Create)
             .await
@@ -224,6 +224,5 @@ mod tests {
                 bytes_written: 10,
             }
         );
-        std::fs::remove_dir_all(dir).unwrap();
     }
 }

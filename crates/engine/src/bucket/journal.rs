@@ -672,7 +672,8 @@ mod tests {
 
     #[test]
     fn zeros_land_where_asked_with_io_uring_or_without_and_failures_are_reported() {
-        let path = std::env::temp_dir().join(format!("bucketfs-eraser-{}", std::process::id()));
+        let scratch = tempfile::TempDir::with_prefix("bucketfs-eraser-").unwrap();
+        let path = scratch.path().join("journal");
         let blocks = 64;
         // More writes than one batch, at scattered offsets.
         let writes: Vec<(u64, usize)> = (0..40u64)
@@ -707,14 +708,12 @@ mod tests {
                 "{eraser:?}: {results:?}"
             );
         }
-        std::fs::remove_file(&path).unwrap();
     }
 
     #[test]
     fn forgotten_records_stay_valid_until_erased_in_runs_then_their_space_is_free() {
-        let dir = std::env::temp_dir().join(format!("bucketfs-forget-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("journal");
+        let scratch = tempfile::TempDir::with_prefix("bucketfs-forget-").unwrap();
+        let path = scratch.path().join("journal");
         let (journal, _) = Journal::open(&path).unwrap();
         let mut tickets: Vec<Ticket> = ["log/1", "log/2", "log/3", "log/4"]
             .iter()
@@ -756,6 +755,5 @@ mod tests {
         journal.release(vec![c]).unwrap();
         assert_eq!(journal.used_bytes(), 0);
         assert!(keys(&path).is_empty());
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

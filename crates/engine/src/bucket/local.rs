@@ -866,9 +866,9 @@ mod tests {
 
     #[test]
     fn stored_files_never_replace_another_object() {
-        let dir = std::env::temp_dir().join(format!("bucketfs-store-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let b = LocalBucket::open(&dir).unwrap();
+        let scratch = tempfile::TempDir::with_prefix("bucketfs-store-").unwrap();
+        let dir = scratch.path();
+        let b = LocalBucket::open(dir).unwrap();
         store_files(&b.root, &[("log/1", b"one"), ("log/2", b"two")]).unwrap();
         assert_eq!(std::fs::read(dir.join("log/1")).unwrap(), b"one");
         // Storing the same object again (a retried batch) succeeds and changes nothing.
@@ -883,14 +883,13 @@ mod tests {
             0,
             "no staging file is left behind"
         );
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[tokio::test]
     async fn objects_are_created_once_read_by_range_listed_and_deleted() {
-        let dir = std::env::temp_dir().join(format!("bucketfs-local-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let b = LocalBucket::open(&dir).unwrap();
+        let scratch = tempfile::TempDir::with_prefix("bucketfs-local-").unwrap();
+        let dir = scratch.path();
+        let b = LocalBucket::open(dir).unwrap();
         b.put("log/1", Bytes::from_static(b"hello world"), PutMode::Create)
             .await
             .unwrap();
@@ -930,14 +929,13 @@ mod tests {
             b.get("../etc/passwd").await,
             Err(StoreError::Permanent(_))
         ));
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[tokio::test]
     async fn large_objects_round_trip_through_direct_writes_at_any_alignment() {
-        let dir = std::env::temp_dir().join(format!("bucketfs-direct-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let b = LocalBucket::open(&dir).unwrap();
+        let scratch = tempfile::TempDir::with_prefix("bucketfs-direct-").unwrap();
+        let dir = scratch.path();
+        let b = LocalBucket::open(dir).unwrap();
         let data: Vec<u8> = (0..3 * DIRECT_WRITE_CHUNK_BYTES + 5000)
             .map(|i| (i % 251) as u8)
             .collect();
@@ -961,14 +959,13 @@ mod tests {
                 object.slice(mid as usize..mid as usize + 10)
             );
         }
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[tokio::test]
     async fn a_journal_of_another_size_is_still_replayed() {
-        let dir = std::env::temp_dir().join(format!("bucketfs-resize-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        drop(LocalBucket::open(&dir).unwrap());
+        let scratch = tempfile::TempDir::with_prefix("bucketfs-resize-").unwrap();
+        let dir = scratch.path();
+        drop(LocalBucket::open(dir).unwrap());
         let path = dir.join(JOURNAL_FILE);
         {
             let (j, _) = Journal::open(&path).unwrap();
@@ -983,7 +980,7 @@ mod tests {
             .unwrap()
             .set_len(1024 * 1024)
             .unwrap();
-        let b = LocalBucket::open(&dir).unwrap();
+        let b = LocalBucket::open(dir).unwrap();
         b.begin_writing().await.unwrap();
         assert_eq!(std::fs::read(dir.join("log/1")).unwrap(), b"first");
         assert_eq!(
@@ -992,14 +989,13 @@ mod tests {
             "recreated at the current size"
         );
         b.end_writing().await.unwrap();
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[tokio::test]
     async fn journaled_objects_survive_a_crash_before_their_files_exist() {
-        let dir = std::env::temp_dir().join(format!("bucketfs-journal-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        drop(LocalBucket::open(&dir).unwrap());
+        let scratch = tempfile::TempDir::with_prefix("bucketfs-journal-").unwrap();
+        let dir = scratch.path();
+        drop(LocalBucket::open(dir).unwrap());
         let path = dir.join(JOURNAL_FILE);
         {
             // What a crash leaves: three records, the third torn, and the second already stored
@@ -1025,7 +1021,7 @@ mod tests {
             )
             .unwrap();
         }
-        let b = LocalBucket::open(&dir).unwrap();
+        let b = LocalBucket::open(dir).unwrap();
         b.begin_writing().await.unwrap();
         let staged: Vec<String> = std::fs::read_dir(dir.join(STAGING_DIR))
             .unwrap()
@@ -1103,6 +1099,5 @@ mod tests {
         drop(b);
         let (_, left) = Journal::open(&path).unwrap();
         assert!(left.is_empty(), "every record was released");
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

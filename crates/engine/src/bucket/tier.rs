@@ -887,7 +887,7 @@ impl Bucket for JournaledBucket {
 mod tests {
     use super::*;
     use crate::bucket::open_url;
-    use std::path::PathBuf;
+    use tempfile::TempDir;
 
     /// A remote whose PUTs wait for `gate` and then take a while (the later ones longer, so a
     /// DELETE of an early key could overtake them), and which notes, at each DELETE, every PUT
@@ -947,10 +947,11 @@ mod tests {
         }
     }
 
-    /// A journal tier in a fresh directory over a `Slow` memory bucket whose gate is closed.
-    fn journaled_over_slow(name: &str) -> (PathBuf, Arc<Slow>, JournaledBucket) {
-        let dir = std::env::temp_dir().join(format!("bucketfs-tier-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+    /// A journal tier in a fresh directory over a `Slow` memory bucket whose gate is closed. The
+    /// directory goes when the returned `TempDir` is dropped: a test binds it to a name (`_dir`,
+    /// not `_`) so that it lasts as long as the test.
+    fn journaled_over_slow(name: &str) -> (TempDir, Arc<Slow>, JournaledBucket) {
+        let dir = TempDir::with_prefix(format!("bucketfs-tier-{name}-")).unwrap();
         let slow = Arc::new(Slow {
             inner: open_url("memory://", &Vec::new()).unwrap(),
             gate: tokio::sync::Semaphore::new(0),
@@ -961,7 +962,7 @@ mod tests {
         let b = JournaledBucket::new(
             slow.clone(),
             JournalTier {
-                targets: vec![TargetSpec::Dir(dir.clone())],
+                targets: vec![TargetSpec::Dir(dir.path().to_path_buf())],
                 write_quorum: 1,
                 accept_loss: false,
                 bucket_url: "memory://unit".into(),
@@ -978,7 +979,7 @@ mod tests {
     /// upload as a second writer's, and every later barrier with it.)
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_create_over_a_leftover_of_a_crash_is_refused_not_journaled() {
-        let (dir, slow, b) = journaled_over_slow("leftover");
+        let (_dir, slow, b) = journaled_over_slow("leftover");
         slow.gate.add_permits(1000);
         slow.inner
             .put(
@@ -1017,7 +1018,6 @@ mod tests {
             slow.inner.get("log/1").await.unwrap(),
             Bytes::from_static(b"log")
         );
-        let _ = std::fs::remove_dir_all(dir);
     }
 
     /// The engine's journal records stay in the journal: never uploaded while running (the
@@ -1025,7 +1025,7 @@ mod tests {
     /// did not delete goes to the bucket at a clean stop, before the journal is emptied.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn journal_records_stay_in_the_journal_until_deleted_or_a_clean_stop() {
-        let (dir, slow, b) = journaled_over_slow("records");
+        let (_dir, slow, b) = journaled_over_slow("records");
         b.begin_writing().await.unwrap();
         for n in 1..=3u8 {
             let key = format!("{JOURNAL_RECORD_PREFIX}{n}");
@@ -1065,12 +1065,11 @@ mod tests {
             vec![format!("{JOURNAL_RECORD_PREFIX}3")],
             "the record left in the journal went to the bucket at the stop"
         );
-        let _ = std::fs::remove_dir_all(dir);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn puts_are_acknowledged_from_the_journal_and_deletes_wait_for_earlier_puts() {
-        let (dir, slow, b) = journaled_over_slow("unit");
+        let (_dir, slow, b) = journaled_over_slow("unit");
         b.begin_writing().await.unwrap();
         // The bucket answers no PUT of a log object yet: these return from the journal.
         let mut keys = Vec::new();
@@ -1121,12 +1120,11 @@ mod tests {
             slow.inner.get(JOURNAL_MARKER_KEY).await,
             Err(StoreError::NotFound(_))
         ));
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_journaled_put_waits_while_the_backlog_is_full() {
-        let (dir, slow, b) = journaled_over_slow("full");
+        let (_dir, slow, b) = journaled_over_slow("full");
         let b = Arc::new(b);
         b.begin_writing().await.unwrap();
         for n in 0..JOURNAL_BACKLOG_OBJECTS_MAX {
@@ -1157,7 +1155,6 @@ mod tests {
             slow.inner.list("log/").await.unwrap().len(),
             JOURNAL_BACKLOG_OBJECTS_MAX + 1
         );
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// A target that cannot drop the record of an object deleted durably would bring the

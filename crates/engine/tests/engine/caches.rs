@@ -10,7 +10,7 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crate::common::world;
+use crate::common::{world, ScratchDir};
 
 /// Counts the ranged GETs of run objects (metadata blocks) that reach the bucket.
 struct RunReads {
@@ -82,10 +82,9 @@ async fn run_gets_of_lookups(disk_cache: Option<std::path::PathBuf>) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_blocks_evicted_from_memory_come_from_the_disk_cache_not_the_bucket() {
-    let dir = std::env::temp_dir().join(format!("bucketfs-caches-{}", std::process::id()));
-    let with_disk = run_gets_of_lookups(Some(dir.clone())).await;
+    let dir = ScratchDir::new("caches");
+    let with_disk = run_gets_of_lookups(Some(dir.to_path_buf())).await;
     let without = run_gets_of_lookups(None).await;
-    let _ = std::fs::remove_dir_all(&dir);
     // The checkpoint put the runs it wrote on disk: no lookup needs the bucket.
     assert_eq!(with_disk, 0, "run GETs with the disk cache");
     // Without it, evicted blocks are fetched again (the test would see a broken disk tier).
@@ -206,13 +205,9 @@ async fn log_gets_of_cold_scattered_reads(whole_object_bytes_max: u64) -> u64 {
             .unwrap();
     }
     e.close().await.unwrap();
-    let dir = std::env::temp_dir().join(format!(
-        "bucketfs-cold-read-{whole_object_bytes_max}-{}",
-        std::process::id()
-    ));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = ScratchDir::new(&format!("cold-read-{whole_object_bytes_max}"));
     let mut opts = EngineOptions::for_tests("pw");
-    opts.disk_cache_dir = Some(dir.clone());
+    opts.disk_cache_dir = Some(dir.to_path_buf());
     opts.disk_cache_bytes_max = 1 << 30;
     opts.tuning.readahead_bytes = 0;
     opts.tuning.cold_read_whole_object_bytes_max = whole_object_bytes_max;
@@ -228,7 +223,6 @@ async fn log_gets_of_cold_scattered_reads(whole_object_bytes_max: u64) -> u64 {
         assert!(read == crate::common::pattern(i as u8, 4096), "block {i}");
     }
     e.close().await.unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
     counted.requests.load(Ordering::Relaxed)
 }
 

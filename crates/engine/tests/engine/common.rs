@@ -136,3 +136,32 @@ pub async fn wait_until_deleted(w: &World, mut keys: Vec<String>) -> Vec<String>
     }
     keys
 }
+
+/// A fresh directory under the system's temporary directory, removed with all it holds when
+/// dropped, so a test leaves nothing behind whether it passes or panics. Declared before the
+/// engine that uses it, it outlives that engine. It derefs to its path, so `&dir` goes where a
+/// `&Path` (or an `AsRef<Path>`) is wanted.
+pub struct ScratchDir(tempfile::TempDir);
+
+impl ScratchDir {
+    /// `name` says which test a directory belongs to, should a killed run leave it behind.
+    pub fn new(name: &str) -> ScratchDir {
+        let dir = tempfile::TempDir::with_prefix(format!("bucketfs-{name}-"))
+            .expect("the temporary directory is writable");
+        ScratchDir(dir)
+    }
+}
+
+impl std::ops::Deref for ScratchDir {
+    type Target = std::path::Path;
+
+    fn deref(&self) -> &std::path::Path {
+        self.0.path()
+    }
+}
+
+impl AsRef<std::path::Path> for ScratchDir {
+    fn as_ref(&self) -> &std::path::Path {
+        self.0.path()
+    }
+}

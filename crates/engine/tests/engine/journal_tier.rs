@@ -9,16 +9,15 @@ use bucketfs_engine::bucket::{
     JOURNAL_MARKER_KEY,
 };
 use bucketfs_engine::{Engine, EngineError, EngineOptions, Fill};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::common::{crash, pattern, world, World};
 
-fn journal_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("bucketfs-tier-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
+/// A fresh journal directory, removed when the test ends (passed or panicked).
+fn journal_dir(name: &str) -> crate::common::ScratchDir {
+    crate::common::ScratchDir::new(&format!("tier-{name}"))
 }
 
 fn tier(dir: Option<&Path>, accept_loss: bool) -> JournalTier {
@@ -119,7 +118,6 @@ async fn a_flush_is_durable_in_the_journal_while_the_bucket_refuses_puts() {
     let (bucket, opts) = w.writer(EngineOptions::for_tests("pw"));
     let e = Engine::open(bucket, opts).await.unwrap();
     assert!(e.read(1, 0, 16384).await.unwrap() == expect);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -166,7 +164,6 @@ async fn a_lost_journal_is_refused_unless_the_loss_is_accepted() {
     let e = open_tier(&w, tier(Some(&dir), false)).await.unwrap();
     assert!(e.read(1, 0, 4096).await.unwrap() == pattern(1, 4096));
     e.close().await.unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Three object-store journal targets, two of which must hold a write.
@@ -382,7 +379,6 @@ async fn journaled_barriers_are_records_in_the_journal_replayed_after_a_crash() 
     let (bucket, opts) = w.writer(EngineOptions::for_tests("pw"));
     let e = Engine::open(bucket, opts).await.unwrap();
     check_extents(&e, 0..70).await;
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -442,7 +438,6 @@ async fn journaled_barriers_reach_the_bucket_together() {
     .await
     .unwrap();
     check_extents(&e, 0..200).await;
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// An object-store target deletes the records the bucket no longer needs in batches: one
@@ -516,5 +511,4 @@ async fn a_clean_stop_while_the_bucket_refuses_ends_with_the_journal_in_place() 
     let e = open_journaled(&w, &dir, 200).await;
     check_extents(&e, 0..10).await;
     e.close().await.unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
 }

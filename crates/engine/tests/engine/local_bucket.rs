@@ -5,7 +5,7 @@
 use bucketfs_engine::bucket::{open_url, SharedBucket};
 use bucketfs_engine::{Engine, EngineOptions, Fill};
 
-use crate::common::flush_past_a_checkpoint;
+use crate::common::{flush_past_a_checkpoint, ScratchDir};
 
 fn bucket(dir: &std::path::Path) -> SharedBucket {
     open_url(&format!("file://{}", dir.display()), &Vec::new()).unwrap()
@@ -13,8 +13,7 @@ fn bucket(dir: &std::path::Path) -> SharedBucket {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reader_beside_the_writer_sees_what_is_only_in_the_journal() {
-    let dir = std::env::temp_dir().join(format!("bucketfs-reader-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = ScratchDir::new("reader");
     let e = Engine::open(bucket(&dir), EngineOptions::for_tests("pw"))
         .await
         .unwrap();
@@ -47,7 +46,6 @@ async fn a_reader_beside_the_writer_sees_what_is_only_in_the_journal() {
         seen == expect,
         "the files alone hold everything after a clean stop"
     );
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// Copies a bucket directory as a crash would leave it (its staging files are garbage anyway).
@@ -70,8 +68,7 @@ fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
 /// delete them again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn collected_log_objects_that_a_crash_brings_back_are_collected_again() {
-    let base = std::env::temp_dir().join(format!("bucketfs-garbage-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&base);
+    let base = ScratchDir::new("garbage");
     let (dir, crashed) = (base.join("running"), base.join("crashed"));
     let e = Engine::open(bucket(&dir), EngineOptions::for_tests("pw"))
         .await
@@ -145,5 +142,4 @@ async fn collected_log_objects_that_a_crash_brings_back_are_collected_again() {
         kept.len()
     );
     e.close().await.unwrap();
-    std::fs::remove_dir_all(&base).unwrap();
 }

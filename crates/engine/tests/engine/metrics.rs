@@ -6,7 +6,7 @@ use bucketfs_engine::limits::EXTENT_SIZE_BYTES;
 use bucketfs_engine::{BarrierPart, Engine, EngineOptions, Fill};
 use std::time::Duration;
 
-use crate::common::{open, pattern, world};
+use crate::common::{open, pattern, world, ScratchDir};
 
 const ROUND_TRIP: Duration = Duration::from_millis(5);
 
@@ -86,11 +86,10 @@ async fn reads_count_the_hits_and_misses_of_the_memory_and_disk_tiers() {
     assert_eq!(after.memory_cache_misses, before.memory_cache_misses);
     e.close().await.unwrap();
 
-    let cache_dir =
-        std::env::temp_dir().join(format!("bucketfs-metrics-cache-{}", std::process::id()));
+    let cache_dir = ScratchDir::new("metrics-cache");
     let (bucket, mut opts) = w.writer(EngineOptions::for_tests("pw"));
     opts.memory_cache_bytes_max = 0;
-    opts.disk_cache_dir = Some(cache_dir.clone());
+    opts.disk_cache_dir = Some(cache_dir.to_path_buf());
     opts.disk_cache_bytes_max = 1 << 30;
     // Frame by frame: a miss that fetched the whole object would make the rest disk hits
     // (caches.rs tests that).
@@ -114,7 +113,4 @@ async fn reads_count_the_hits_and_misses_of_the_memory_and_disk_tiers() {
     e.read(1, offset(EXTENTS - 1), 4096).await.unwrap();
     assert_eq!(e.stats().memory_cache_hits, again.memory_cache_hits + 1);
     e.close().await.unwrap();
-    drop(e);
-    // The disk cache's writer may still be finishing while anything holds the engine.
-    let _ = std::fs::remove_dir_all(cache_dir);
 }
