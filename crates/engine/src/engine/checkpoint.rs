@@ -153,18 +153,25 @@ impl Engine {
     ) -> Result<(), EngineError> {
         let seq = frozen.seq;
         let base = self.write_checkpoint(&frozen).await?;
-        let live = self.collect(seq, &base.infos, &covered).await?;
-        tracing::info!(seq, "checkpoint written");
-        if repack == Repack::No {
-            return Ok(());
+        let collected = async {
+            let live = self.collect(seq, &base.infos, &covered).await?;
+            tracing::info!(seq, "checkpoint written");
+            if repack == Repack::Yes {
+                if let Err(e) = self
+                    .repack(&base, &live.into_iter().collect(), &covered)
+                    .await
+                {
+                    tracing::warn!(seq, error = %e, "moving extents out of log objects failed; they stay until a later checkpoint tries again");
+                }
+            }
+            Ok(())
         }
-        if let Err(e) = self
-            .repack(&base, &live.into_iter().collect(), &covered)
-            .await
-        {
-            tracing::warn!(seq, error = %e, "moving extents out of log objects failed; they stay until a later checkpoint tries again");
-        }
-        Ok(())
+        .await;
+        self.inner
+            .counters
+            .checkpoints_collected
+            .fetch_add(1, Ordering::Relaxed);
+        collected
     }
 }
 

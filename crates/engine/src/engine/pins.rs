@@ -357,7 +357,12 @@ impl Engine {
                 (frozen, covered)
             };
             let base = self.write_checkpoint(&frozen).await?;
-            self.collect(frozen.seq, &base.infos, &covered).await?;
+            let collected = self.collect(frozen.seq, &base.infos, &covered).await;
+            self.inner
+                .counters
+                .checkpoints_collected
+                .fetch_add(1, Ordering::Relaxed);
+            collected?;
         }
     }
 

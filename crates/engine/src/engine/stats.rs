@@ -24,6 +24,9 @@ pub struct EngineStats {
     /// take without garbage. `log_bytes_stored` over this is the bucket's space amplification.
     pub log_bytes_live: u64,
     pub checkpoints_written: u64,
+    /// Checkpoints written whose collection (and repacking, if they repack) has ended, well or
+    /// not: while this is below `checkpoints_written`, one is still deleting or moving extents.
+    pub checkpoints_collected: u64,
     /// Bytes of the checkpoints written: what keeping the metadata costs in uploads.
     pub checkpoint_bytes_written: u64,
     pub log_objects_deleted: u64,
@@ -92,6 +95,7 @@ pub(super) struct Counters {
     pub(super) log_objects_written: AtomicU64,
     pub(super) log_bytes_written: AtomicU64,
     pub(super) checkpoints_written: AtomicU64,
+    pub(super) checkpoints_collected: AtomicU64,
     pub(super) checkpoint_bytes_written: AtomicU64,
     pub(super) log_objects_deleted: AtomicU64,
     pub(super) extents_repacked: AtomicU64,
@@ -141,6 +145,7 @@ impl Engine {
             log_bytes_stored: self.inner.log_bytes_stored.load(Ordering::Relaxed),
             log_bytes_live: st.committed.live().live_bytes_total(),
             checkpoints_written: c.checkpoints_written.load(Ordering::Relaxed),
+            checkpoints_collected: c.checkpoints_collected.load(Ordering::Relaxed),
             checkpoint_bytes_written: c.checkpoint_bytes_written.load(Ordering::Relaxed),
             log_objects_deleted: c.log_objects_deleted.load(Ordering::Relaxed),
             extents_repacked: c.extents_repacked.load(Ordering::Relaxed),

@@ -14,7 +14,8 @@ fn log_objects_per_checkpoint_min() -> u64 {
 
 /// Writes and flushes one 4 KiB block per flush, cycling over `slots` blocks of inode 1, until
 /// a checkpoint is due, then waits until the collector has deleted more than half of those
-/// log objects (each is dead once its block is overwritten). Returns the number of flushes.
+/// log objects (each is dead once its block is overwritten) and every checkpoint written has
+/// ended its collection and repacking. Returns the number of flushes.
 pub async fn flush_past_a_checkpoint(e: &Engine, slots: u64) -> u64 {
     let n = log_objects_per_checkpoint_min() + 10;
     for i in 0..n {
@@ -24,13 +25,16 @@ pub async fn flush_past_a_checkpoint(e: &Engine, slots: u64) -> u64 {
             .unwrap();
         e.flush().await.unwrap();
     }
+    let done = |s: &bucketfs_engine::EngineStats| {
+        s.log_objects_deleted > n / 2 && s.checkpoints_collected == s.checkpoints_written
+    };
     for _ in 0..200 {
-        if e.stats().log_objects_deleted > n / 2 {
+        if done(&e.stats()) {
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
-    assert!(e.stats().log_objects_deleted > n / 2, "{:?}", e.stats());
+    assert!(done(&e.stats()), "{:?}", e.stats());
     n
 }
 
