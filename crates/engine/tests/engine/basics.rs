@@ -481,15 +481,19 @@ async fn open_quiet(w: &World) -> (Engine, Arc<CountingBucket>) {
     (e, counting)
 }
 
-/// Waits until `n` checkpoints are written (and a few quiet periods more), then checks that
-/// several quiet periods pass without a request.
+/// Waits until `n` checkpoints are written and have ended their collection (and a few quiet
+/// periods more), then checks that several quiet periods pass without a request.
 async fn settle_at_checkpoints(e: &Engine, counting: &CountingBucket, n: u64) {
     let started = std::time::Instant::now();
-    while e.stats().checkpoints_written < n && started.elapsed() < QUIET * 20 {
+    let settled = |s: &bucketfs_engine::EngineStats| {
+        s.checkpoints_written >= n && s.checkpoints_collected == s.checkpoints_written
+    };
+    while !settled(&e.stats()) && started.elapsed() < QUIET * 20 {
         tokio::time::sleep(QUIET / 4).await;
     }
     tokio::time::sleep(QUIET * 2).await;
     assert_eq!(e.stats().checkpoints_written, n, "{:?}", e.stats());
+    assert!(settled(&e.stats()), "{:?}", e.stats());
     let before = counting.counts();
     tokio::time::sleep(QUIET * 4).await;
     assert_eq!(counting.counts(), before, "an idle engine used the bucket");
