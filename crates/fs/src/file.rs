@@ -147,6 +147,9 @@ impl Fs {
                 mode &= !S_ISGID;
             }
             inode.mode = (inode.mode & S_IFMT) | mode;
+            if let Some(acl) = &mut inode.acl {
+                acl.set_mode_bits(mode);
+            }
         }
         if set.uid.is_some() || set.gid.is_some() {
             let uid = set.uid.unwrap_or(inode.uid);

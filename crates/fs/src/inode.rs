@@ -1,7 +1,10 @@
 //! The inode record: what `stat` answers, kept as one sealed value per inode (docs/format.md,
 //! "Filesystem keys"). The record is versioned by its first byte; the 21-byte record of
-//! filesystem layout 1 (block devices only) still decodes.
+//! filesystem layout 1 (block devices only) still decodes. An inode with a POSIX ACL has a
+//! version-3 record, which holds the ACLs too: a build that knows only version 2 refuses such
+//! an inode (as damaged) rather than grant what its ACL denies.
 
+use crate::acl::Acl;
 use crate::FsError;
 
 /// File type bits of `mode`, as in `<sys/stat.h>`.
@@ -17,10 +20,14 @@ pub const S_ISUID: u32 = 0o4000;
 pub const S_ISGID: u32 = 0o2000;
 pub const S_ISVTX: u32 = 0o1000;
 
-/// The record's first byte in this layout.
+/// The record's first byte in this layout, without ACLs and with them.
 const RECORD_VERSION: u8 = 2;
-/// Bytes of a version-2 record before a symlink's target.
+const RECORD_VERSION_ACL: u8 = 3;
+/// Bytes of a version-2 record before a symlink's target (the last 4 are reserved, zero).
 const RECORD_FIXED_BYTES: usize = 1 + 4 * 4 + 8 * 4 + 4 * 12 + 4;
+/// Bytes of a version-3 record before its ACLs: the version-2 fields, then the lengths of the
+/// access ACL and the default ACL (xattr form; 0 for none).
+const RECORD_ACL_FIXED_BYTES: usize = RECORD_FIXED_BYTES + 4;
 /// The record of filesystem layout 1: kind, size, mode, mtime in nanoseconds.
 const LEGACY_RECORD_BYTES: usize = 21;
 
@@ -113,6 +120,10 @@ pub struct Inode {
     pub btime: Time,
     /// A symlink's target.
     pub target: Vec<u8>,
+    /// The access ACL, when it holds more than the mode says (acl.rs).
+    pub acl: Option<Acl>,
+    /// A directory's default ACL, which its new entries inherit.
+    pub default_acl: Option<Acl>,
 }
 
 impl Inode {
@@ -133,6 +144,8 @@ impl Inode {
             ctime: now,
             btime: now,
             target: Vec::new(),
+            acl: None,
+            default_acl: None,
         }
     }
 
@@ -145,8 +158,13 @@ impl Inode {
     }
 
     pub fn encode(&self) -> Vec<u8> {
-        let mut v = Vec::with_capacity(RECORD_FIXED_BYTES + self.target.len());
-        v.push(RECORD_VERSION);
+        let acls = self.acl.is_some() || self.default_acl.is_some();
+        let mut v = Vec::with_capacity(RECORD_ACL_FIXED_BYTES + self.target.len());
+        v.push(if acls {
+            RECORD_VERSION_ACL
+        } else {
+            RECORD_VERSION
+        });
         for x in [self.mode, self.uid, self.gid, self.nlink] {
             v.extend_from_slice(&x.to_le_bytes());
         }
@@ -157,7 +175,20 @@ impl Inode {
             v.extend_from_slice(&t.sec.to_le_bytes());
             v.extend_from_slice(&t.nsec.to_le_bytes());
         }
-        v.extend_from_slice(&0u32.to_le_bytes());
+        if acls {
+            let access = self.acl.as_ref().map(Acl::to_xattr).unwrap_or_default();
+            let default = self
+                .default_acl
+                .as_ref()
+                .map(Acl::to_xattr)
+                .unwrap_or_default();
+            v.extend_from_slice(&(access.len() as u32).to_le_bytes());
+            v.extend_from_slice(&(default.len() as u32).to_le_bytes());
+            v.extend_from_slice(&access);
+            v.extend_from_slice(&default);
+        } else {
+            v.extend_from_slice(&0u32.to_le_bytes());
+        }
         v.extend_from_slice(&self.target);
         debug_assert_eq!(Inode::decode(self.ino, &v).as_ref().ok(), Some(self));
         v
@@ -172,7 +203,7 @@ impl Inode {
         if v.len() < RECORD_FIXED_BYTES {
             return Err(damaged("inode record is too short"));
         }
-        if v[0] != RECORD_VERSION {
+        if v[0] != RECORD_VERSION && v[0] != RECORD_VERSION_ACL {
             return Err(damaged(&format!("unknown inode record version {}", v[0])));
         }
         let u32_at = |at: usize| u32::from_le_bytes(v[at..at + 4].try_into().expect("4 bytes"));
@@ -180,6 +211,11 @@ impl Inode {
         let time_at = |at: usize| Time {
             sec: u64_at(at) as i64,
             nsec: u32_at(at + 8),
+        };
+        let (acl, default_acl, rest) = if v[0] == RECORD_VERSION_ACL {
+            Inode::decode_acls(ino, v)?
+        } else {
+            (None, None, &v[RECORD_FIXED_BYTES..])
         };
         let inode = Inode {
             ino,
@@ -195,7 +231,9 @@ impl Inode {
             mtime: time_at(61),
             ctime: time_at(73),
             btime: time_at(85),
-            target: v[RECORD_FIXED_BYTES..].to_vec(),
+            target: rest.to_vec(),
+            acl,
+            default_acl,
         };
         if Kind::of_mode(inode.mode).is_none() {
             return Err(damaged(&format!(
@@ -204,6 +242,32 @@ impl Inode {
             )));
         }
         Ok(inode)
+    }
+
+    /// The ACLs of a version-3 record, and what follows them (a symlink's target).
+    #[allow(clippy::type_complexity)]
+    fn decode_acls(ino: u64, v: &[u8]) -> Result<(Option<Acl>, Option<Acl>, &[u8]), FsError> {
+        let damaged = |why: String| FsError::Damaged(ino, why);
+        if v.len() < RECORD_ACL_FIXED_BYTES {
+            return Err(damaged("inode record is too short for its ACLs".into()));
+        }
+        let len_at =
+            |at: usize| u32::from_le_bytes(v[at..at + 4].try_into().expect("4 bytes")) as usize;
+        let (access_len, default_len) =
+            (len_at(RECORD_FIXED_BYTES - 4), len_at(RECORD_FIXED_BYTES));
+        let rest = &v[RECORD_ACL_FIXED_BYTES..];
+        if access_len.saturating_add(default_len) > rest.len() {
+            return Err(damaged("inode record is shorter than its ACLs".into()));
+        }
+        let acl = |bytes: &[u8]| -> Result<Option<Acl>, FsError> {
+            if bytes.is_empty() {
+                return Ok(None);
+            }
+            Acl::from_xattr(bytes).map_err(|e| damaged(format!("inode record's ACL: {e}")))
+        };
+        let (access, rest) = rest.split_at(access_len);
+        let (default, rest) = rest.split_at(default_len);
+        Ok((acl(access)?, acl(default)?, rest))
     }
 
     /// Layout 1 knew directories (kind 1) and files (kind 2) owned by root, with one time.
@@ -240,6 +304,36 @@ mod tests {
         let mut no_type = v;
         no_type[1..5].copy_from_slice(&0o644u32.to_le_bytes());
         assert!(Inode::decode(7, &no_type).is_err());
+    }
+
+    #[test]
+    fn records_with_acls_round_trip_and_cut_ones_are_refused() {
+        let mut i = Inode::new(8, S_IFDIR | 0o770, 1000, 100, Time::default());
+        // Owner rwx, a named user 1001 with rwx, group r-x, the mask it needs, others none.
+        let mut acl = 2u32.to_le_bytes().to_vec();
+        for (tag, perm, id) in [
+            (0x01u16, 7u16, u32::MAX),
+            (0x02, 7, 1001u32),
+            (0x04, 5, u32::MAX),
+            (0x10, 7, u32::MAX),
+            (0x20, 0, u32::MAX),
+        ] {
+            acl.extend_from_slice(&tag.to_le_bytes());
+            acl.extend_from_slice(&perm.to_le_bytes());
+            acl.extend_from_slice(&id.to_le_bytes());
+        }
+        i.acl = Acl::from_xattr(&acl).unwrap();
+        i.default_acl = Some(Acl::of_mode(0o700));
+        let v = i.encode();
+        assert_eq!(v[0], RECORD_VERSION_ACL);
+        assert_eq!(Inode::decode(8, &v).unwrap(), i);
+        i.acl = None;
+        assert_eq!(Inode::decode(8, &i.encode()).unwrap(), i);
+        i.default_acl = None;
+        assert_eq!(i.encode()[0], RECORD_VERSION, "no ACL, the old record");
+        for cut in [RECORD_FIXED_BYTES + 2, v.len() - 1] {
+            assert!(Inode::decode(8, &v[..cut]).is_err(), "cut at {cut}");
+        }
     }
 
     #[test]

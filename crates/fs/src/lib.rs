@@ -7,6 +7,7 @@
 //! Names are bytes (any but `/` and NUL, 1 to 255 of them). Protocol servers call this layer
 //! with the caller's credentials; it answers `FsError`, which `FsError::errno` maps to POSIX.
 
+mod acl;
 mod blockdev;
 mod change;
 mod dir;
@@ -18,6 +19,7 @@ mod namespace;
 mod perm;
 mod xattr;
 
+pub use acl::{Acl, XATTR_ACCESS as ACL_XATTR_ACCESS, XATTR_DEFAULT as ACL_XATTR_DEFAULT};
 pub use blockdev::BlockDevice;
 pub use dir::{DirEntry, FIRST_COOKIE};
 pub use file::SetAttr;

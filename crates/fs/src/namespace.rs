@@ -23,8 +23,9 @@ const RELOOKUP_ATTEMPTS_MAX: usize = 64;
 
 impl Fs {
     /// Creates a regular file, directory, FIFO, socket or device node `name` in `parent`.
-    /// `mode` holds the type bits and the permissions (after the client's umask); `rdev`
-    /// names a device node's device.
+    /// `mode` holds the type bits and the permissions (after the client's umask, which a
+    /// client applies only where the parent has no default ACL); `rdev` names a device node's
+    /// device.
     pub async fn make(
         &self,
         caller: &Caller,
@@ -113,7 +114,26 @@ impl Fs {
         if mode & S_IFMT != S_IFDIR && runs_as_group && !caller.is_root() && !caller.in_group(gid) {
             mode &= !S_ISGID;
         }
+        // A directory's default ACL replaces the umask (the client sends the mode without
+        // it): the new inode's access ACL is the default limited by the mode, and a new
+        // directory inherits the default too. Symlinks have no ACLs.
+        let mut acl = None;
+        let mut default_acl = None;
+        if let Some(default) = dir
+            .default_acl
+            .as_ref()
+            .filter(|_| mode & S_IFMT != S_IFLNK)
+        {
+            let (inherited, masked) = default.for_new_inode(mode);
+            mode = masked;
+            acl = (!inherited.is_minimal()).then_some(inherited);
+            if mode & S_IFMT == S_IFDIR {
+                default_acl = Some(default.clone());
+            }
+        }
         let mut inode = Inode::new(ino, mode, caller.uid, gid, now);
+        inode.acl = acl;
+        inode.default_acl = default_acl;
         inode.rdev = rdev;
         inode.target = target.to_vec();
         inode.size_bytes = size_bytes;

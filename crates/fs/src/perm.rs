@@ -42,11 +42,15 @@ impl Caller {
         self.gid == gid || self.groups.contains(&gid)
     }
 
-    /// Whether the caller may do `want` (MAY_* bits) to the inode. Root reads and writes
-    /// anything, and executes what anyone may execute (or searches any directory).
+    /// Whether the caller may do `want` (MAY_* bits) to the inode: by its access ACL if it has
+    /// one, else by its mode. Root reads and writes anything, and executes what anyone may
+    /// execute (or searches any directory).
     pub fn may(&self, inode: &Inode, want: u32) -> bool {
         if self.is_root() {
             return want & MAY_EXEC == 0 || inode.is_dir() || inode.mode & 0o111 != 0;
+        }
+        if let Some(acl) = &inode.acl {
+            return acl.permits(self, inode.uid, inode.gid, want);
         }
         let shift = if self.uid == inode.uid {
             6

@@ -621,11 +621,19 @@ async fn extended_attributes() {
         .await
         .unwrap();
     assert_eq!(
-        set(&r, b"system.posix_acl_access", Some(b"x"), XattrMode::Any)
+        set(&r, b"system.nfs4_acl", Some(b"x"), XattrMode::Any)
             .await
             .unwrap_err()
             .errno(),
         libc::EOPNOTSUPP
+    );
+    assert_eq!(
+        set(&r, ACL_XATTR_ACCESS, Some(b"x"), XattrMode::Any)
+            .await
+            .unwrap_err()
+            .errno(),
+        libc::EINVAL,
+        "a malformed ACL"
     );
     assert_eq!(
         fs.list_xattr(&alice, f.ino).await.unwrap(),
@@ -806,4 +814,221 @@ async fn the_quota_refuses_allocation_but_never_deletes_or_overwrites() {
     fs.write_file(&r, g.ino, 60 * 1024, &[5; 100 * 1024], false)
         .await
         .unwrap();
+}
+
+/// An ACL in xattr form from (tag, perm, id) triples; ids of unnamed entries are ignored.
+fn acl_xattr(entries: &[(u16, u16, u32)]) -> Vec<u8> {
+    let mut v = 2u32.to_le_bytes().to_vec();
+    for &(tag, perm, id) in entries {
+        v.extend_from_slice(&tag.to_le_bytes());
+        v.extend_from_slice(&perm.to_le_bytes());
+        v.extend_from_slice(&id.to_le_bytes());
+    }
+    v
+}
+
+const USER_OBJ: u16 = 0x01;
+const USER: u16 = 0x02;
+const GROUP_OBJ: u16 = 0x04;
+const MASK: u16 = 0x10;
+const OTHER: u16 = 0x20;
+
+/// POSIX ACLs: a named user entry grants what the mode alone would not, the mask limits it,
+/// chmod moves the mask, only the owner sets an ACL, a directory's default ACL is inherited
+/// (umask aside) by files and directories made in it, and all of it survives a crash.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn posix_acls_are_enforced_inherited_and_survive_a_crash() {
+    let bucket = memory();
+    let (fs, tasks) = open(&bucket).await;
+    let r = root();
+    let alice = Caller::user(1000, 1000);
+    let bob = Caller::user(1001, 1001);
+    let d = mkdir(&fs, &r, ROOT_INO, "shared", 0o700).await;
+    let to_alice = SetAttr {
+        uid: Some(1000),
+        gid: Some(1000),
+        ..Default::default()
+    };
+    fs.setattr(&r, d.ino, &to_alice).await.unwrap();
+    let f = create(&fs, &alice, d.ino, "f").await;
+    fs.setattr(
+        &alice,
+        f.ino,
+        &SetAttr {
+            mode: Some(0o600),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    // Bob is nobody to the directory or the file...
+    assert!(fs.lookup(&bob, d.ino, b"f").await.is_err());
+    // ...until alice names him: r-x on the directory, rw- on the file.
+    let dir_acl = acl_xattr(&[
+        (USER_OBJ, 7, 0),
+        (USER, 5, 1001),
+        (GROUP_OBJ, 0, 0),
+        (MASK, 5, 0),
+        (OTHER, 0, 0),
+    ]);
+    assert_eq!(
+        fs.set_xattr(
+            &bob,
+            d.ino,
+            ACL_XATTR_ACCESS,
+            Some(&dir_acl),
+            XattrMode::Any
+        )
+        .await
+        .unwrap_err()
+        .errno(),
+        libc::EPERM,
+        "only the owner sets an ACL"
+    );
+    fs.set_xattr(
+        &alice,
+        d.ino,
+        ACL_XATTR_ACCESS,
+        Some(&dir_acl),
+        XattrMode::Any,
+    )
+    .await
+    .unwrap();
+    let file_acl = acl_xattr(&[
+        (USER_OBJ, 6, 0),
+        (USER, 6, 1001),
+        (GROUP_OBJ, 0, 0),
+        (MASK, 6, 0),
+        (OTHER, 0, 0),
+    ]);
+    fs.set_xattr(
+        &alice,
+        f.ino,
+        ACL_XATTR_ACCESS,
+        Some(&file_acl),
+        XattrMode::Any,
+    )
+    .await
+    .unwrap();
+    let got = fs.lookup(&bob, d.ino, b"f").await.unwrap();
+    assert_eq!(got.mode & 0o777, 0o660, "the group bits show the mask");
+    assert!(bob.may(&got, MAY_READ | MAY_WRITE));
+    assert!(
+        !Caller::user(1002, 1002).may(&got, MAY_READ),
+        "carol is other"
+    );
+    assert_eq!(
+        fs.get_xattr(&bob, f.ino, ACL_XATTR_ACCESS).await.unwrap(),
+        acl_xattr(&[
+            (USER_OBJ, 6, u32::MAX),
+            (USER, 6, 1001),
+            (GROUP_OBJ, 0, u32::MAX),
+            (MASK, 6, u32::MAX),
+            (OTHER, 0, u32::MAX),
+        ])
+    );
+    assert!(fs
+        .list_xattr(&bob, f.ino)
+        .await
+        .unwrap()
+        .contains(&ACL_XATTR_ACCESS.to_vec()));
+    // chmod 0640 makes the mask r--: bob keeps read, loses write.
+    fs.setattr(
+        &alice,
+        f.ino,
+        &SetAttr {
+            mode: Some(0o640),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let got = fs.getattr(f.ino).await.unwrap();
+    assert!(bob.may(&got, MAY_READ) && !bob.may(&got, MAY_WRITE));
+    // A default ACL on a regular file is refused; on the directory it is inherited.
+    let default = acl_xattr(&[
+        (USER_OBJ, 7, 0),
+        (USER, 7, 1001),
+        (GROUP_OBJ, 5, 0),
+        (MASK, 7, 0),
+        (OTHER, 5, 0),
+    ]);
+    assert_eq!(
+        fs.set_xattr(
+            &alice,
+            f.ino,
+            ACL_XATTR_DEFAULT,
+            Some(&default),
+            XattrMode::Any
+        )
+        .await
+        .unwrap_err()
+        .errno(),
+        libc::EACCES
+    );
+    fs.set_xattr(
+        &alice,
+        d.ino,
+        ACL_XATTR_DEFAULT,
+        Some(&default),
+        XattrMode::Any,
+    )
+    .await
+    .unwrap();
+    let new = fs
+        .make(&alice, d.ino, b"new", S_IFREG | 0o666, 0)
+        .await
+        .unwrap();
+    assert_eq!(
+        new.mode,
+        S_IFREG | 0o664,
+        "the default ACL, limited by the mode"
+    );
+    assert!(bob.may(&new, MAY_READ | MAY_WRITE));
+    let sub = mkdir(&fs, &alice, d.ino, "sub", 0o777).await;
+    assert_eq!(sub.mode & 0o777, 0o775);
+    assert!(
+        sub.default_acl.is_some(),
+        "a subdirectory inherits the default"
+    );
+    let link = fs.symlink(&alice, d.ino, b"l", b"new").await.unwrap();
+    assert!(link.acl.is_none() && link.mode & 0o777 == 0o777);
+    // A minimal access ACL is the mode: nothing is kept.
+    fs.set_xattr(
+        &r,
+        new.ino,
+        ACL_XATTR_ACCESS,
+        Some(&acl_xattr(&[
+            (USER_OBJ, 6, 0),
+            (GROUP_OBJ, 4, 0),
+            (OTHER, 0, 0),
+        ])),
+        XattrMode::Any,
+    )
+    .await
+    .unwrap();
+    let got = fs.getattr(new.ino).await.unwrap();
+    assert_eq!((got.mode & 0o777, got.acl.is_none()), (0o640, true));
+    assert_eq!(
+        fs.get_xattr(&r, new.ino, ACL_XATTR_ACCESS)
+            .await
+            .unwrap_err()
+            .errno(),
+        libc::ENODATA
+    );
+    fs.sync().await.unwrap();
+    crash(fs, tasks).await;
+
+    let (fs, _tasks) = open(&bucket).await;
+    let got = fs.lookup(&bob, d.ino, b"f").await.unwrap();
+    assert!(bob.may(&got, MAY_READ) && !bob.may(&got, MAY_WRITE));
+    assert!(fs.getattr(d.ino).await.unwrap().default_acl.is_some());
+    fs.set_xattr(&alice, d.ino, ACL_XATTR_DEFAULT, None, XattrMode::Any)
+        .await
+        .unwrap();
+    let plain = fs
+        .make(&alice, d.ino, b"plain", S_IFREG | 0o644, 0)
+        .await
+        .unwrap();
+    assert_eq!((plain.mode & 0o777, plain.acl.is_none()), (0o644, true));
 }

@@ -1,10 +1,12 @@
 //! Extended attributes, stored for real: `user.` (on files and directories, by their
-//! permissions), `trusted.` (root only) and `security.` (written by root, read by all). `system.`
-//! (POSIX ACLs) is refused with EOPNOTSUPP rather than stored and silently not enforced.
+//! permissions), `trusted.` (root only) and `security.` (written by root, read by all).
+//! `system.posix_acl_access` and `system.posix_acl_default` are the inode's POSIX ACLs (acl.rs),
+//! kept in its record and enforced; any other `system.` name is refused with EOPNOTSUPP.
 //!
 //! An attribute's key holds its inode and a keyed hash of its name; the sealed value holds the
 //! names and values of every attribute with that hash.
 
+use crate::acl::{self, Acl};
 use crate::change::Change;
 use crate::inode::{Inode, Kind, Time};
 use crate::perm::{Caller, MAY_READ, MAY_WRITE};
@@ -100,6 +102,10 @@ impl Fs {
         name: &[u8],
     ) -> Result<Vec<u8>, FsError> {
         let inode = self.getattr(ino).await?;
+        if let Some(acl) = acl_of(&inode, name) {
+            // Anyone who can reach the inode may read its ACLs, as its mode.
+            return acl.map(Acl::to_xattr).ok_or(FsError::NoXattr);
+        }
         check(caller, &inode, name, false)?;
         let Some(v) = self.engine.kv_get(&self.xattr_key(ino, name)).await? else {
             return Err(FsError::NoXattr);
@@ -113,9 +119,14 @@ impl Fs {
 
     /// The names of the attributes the caller may see.
     pub async fn list_xattr(&self, caller: &Caller, ino: u64) -> Result<Vec<Vec<u8>>, FsError> {
-        self.getattr(ino).await?;
+        let inode = self.getattr(ino).await?;
         let prefix = keys::xattr_prefix(ino);
         let mut names = Vec::new();
+        for name in [acl::XATTR_ACCESS, acl::XATTR_DEFAULT] {
+            if acl_of(&inode, name).flatten().is_some() {
+                names.push(name.to_vec());
+            }
+        }
         for (_, v) in self.engine.kv_scan(&prefix).await? {
             for (name, _) in decode(ino, &v)? {
                 if !name.starts_with(b"trusted.") || caller.is_root() {
@@ -142,6 +153,12 @@ impl Fs {
         let _held = self.locks.lock(&[ino]).await;
         let mut c = Change::new(self);
         let mut inode = c.inode(ino).await?;
+        if acl_of(&inode, name).is_some() {
+            set_acl(caller, &mut inode, name, value)?;
+            inode.ctime = Time::now();
+            c.put_inode(&inode);
+            return c.commit().await;
+        }
         check(caller, &inode, name, true)?;
         let key = self.xattr_key(ino, name);
         let mut pairs = match c.value(&key).await? {
@@ -165,6 +182,54 @@ impl Fs {
         c.put_inode(&inode);
         c.commit().await
     }
+}
+
+/// `Some` with the inode's ACL (or `None` if it has none) if `name` is one of the ACL
+/// attributes; `None` for any other name.
+fn acl_of<'a>(inode: &'a Inode, name: &[u8]) -> Option<Option<&'a Acl>> {
+    match name {
+        acl::XATTR_ACCESS => Some(inode.acl.as_ref()),
+        acl::XATTR_DEFAULT => Some(inode.default_acl.as_ref()),
+        _ => None,
+    }
+}
+
+/// setxattr and removexattr of an ACL attribute, as Linux: only the owner (or root); an access
+/// ACL sets the mode's permission bits and is kept only if it says more than they do, and a
+/// caller outside the file's group (not root) loses set-group-ID by it; a default ACL is for
+/// directories (EACCES elsewhere) and is kept even if minimal, since it also turns the umask
+/// off for new entries. setxattr's create and replace flags do not apply, as on Linux.
+fn set_acl(
+    caller: &Caller,
+    inode: &mut Inode,
+    name: &[u8],
+    value: Option<&[u8]>,
+) -> Result<(), FsError> {
+    caller.check_owner(inode)?;
+    let access = name == acl::XATTR_ACCESS;
+    // Removing, or setting an ACL without entries, drops it (and succeeds if there is none,
+    // as on Linux's filesystems); the mode stays as it is.
+    let Some(new) = value.map(Acl::from_xattr).transpose()?.flatten() else {
+        if access {
+            inode.acl = None;
+        } else {
+            inode.default_acl = None;
+        }
+        return Ok(());
+    };
+    if !access {
+        if !inode.is_dir() {
+            return Err(FsError::Access);
+        }
+        inode.default_acl = Some(new);
+        return Ok(());
+    }
+    inode.mode = (inode.mode & !0o777) | new.mode_bits();
+    if !caller.is_root() && !caller.in_group(inode.gid) {
+        inode.mode &= !crate::inode::S_ISGID;
+    }
+    inode.acl = (!new.is_minimal()).then_some(new);
+    Ok(())
 }
 
 #[cfg(test)]
