@@ -27,7 +27,10 @@ fn time_of(t: TimeOrNow) -> Option<(u64, u64)> {
 }
 
 impl Filesystem for Mount {
-    /// Record locks go to the server (locks.rs) rather than staying in this kernel.
+    /// Record locks go to the server (locks.rs) rather than staying in this kernel. POSIX
+    /// ACLs are the server's attributes, which the kernel then also checks (it turns on
+    /// default_permissions) and caches as long as attributes; the umask is left to us
+    /// (`Mount::create_mode`), since a directory's default ACL replaces it.
     fn init(&mut self, _req: &Request<'_>, config: &mut KernelConfig) -> Result<(), libc::c_int> {
         if config
             .add_capabilities(fuser::consts::FUSE_POSIX_LOCKS)
@@ -35,6 +38,15 @@ impl Filesystem for Mount {
         {
             tracing::warn!(
                 "this kernel keeps record locks to itself: other mounts will not see them"
+            );
+        }
+        if config
+            .add_capabilities(fuser::consts::FUSE_POSIX_ACL | fuser::consts::FUSE_DONT_MASK)
+            .is_err()
+        {
+            tracing::warn!(
+                "this kernel does not take POSIX ACLs from FUSE: the server still enforces them, \
+                 but the umask applies under default ACLs too"
             );
         }
         Ok(())
@@ -176,7 +188,10 @@ impl Filesystem for Mount {
         let (major, minor) = (libc::major(rdev.into()), libc::minor(rdev.into()));
         let r = self
             .fid(uid, parent)
-            .and_then(|d| self.call(|c| c.mknod(d, name, mode & !umask, major, minor, gid)))
+            .and_then(|d| {
+                let mode = self.create_mode(parent, d, mode, umask);
+                self.call(|c| c.mknod(d, name, mode, major, minor, gid))
+            })
             .and_then(|_| self.lookup_as(uid, parent, name));
         match r {
             Ok(a) => reply.entry(&self.cache.ttl(), &a, 0),
@@ -197,7 +212,10 @@ impl Filesystem for Mount {
         let (uid, gid, name) = (req.uid(), gid_of(req), name.as_bytes());
         let r = self
             .fid(uid, parent)
-            .and_then(|d| self.call(|c| c.mkdir(d, name, mode & !umask, gid)))
+            .and_then(|d| {
+                let mode = self.create_mode(parent, d, mode, umask);
+                self.call(|c| c.mkdir(d, name, mode, gid))
+            })
             .and_then(|_| self.lookup_as(uid, parent, name));
         match r {
             Ok(a) => reply.entry(&self.cache.ttl(), &a, 0),
@@ -531,6 +549,7 @@ impl Filesystem for Mount {
         reply: ReplyEmpty,
     ) {
         let ino = self.to_server(ino);
+        self.default_acl_changed(ino, name.as_bytes());
         let r = self.fid(req.uid(), ino).and_then(|f| {
             self.call(|c| c.xattr_set(f, name.as_bytes(), Some(value), flags as u32))
         });
@@ -565,6 +584,7 @@ impl Filesystem for Mount {
 
     fn removexattr(&mut self, req: &Request<'_>, ino: u64, name: &OsStr, reply: ReplyEmpty) {
         let ino = self.to_server(ino);
+        self.default_acl_changed(ino, name.as_bytes());
         let r = self
             .fid(req.uid(), ino)
             .and_then(|f| self.call(|c| c.xattr_set(f, name.as_bytes(), None, 0)));
@@ -589,8 +609,9 @@ impl Filesystem for Mount {
         let flags = (flags & OPEN_FLAGS_PASSED) as u32;
         let r = (|| {
             let d = self.fid(uid, parent)?;
+            let mode = self.create_mode(parent, d, mode, umask) & 0o7777;
             let (f, _) = self.call(|c| c.walk(d, &[]))?;
-            if let Err(e) = self.call(|c| c.lcreate(f, name, flags, mode & !umask & 0o7777, gid)) {
+            if let Err(e) = self.call(|c| c.lcreate(f, name, flags, mode, gid)) {
                 let _ = self.call(|c| c.clunk(f));
                 return Err(e);
             }

@@ -28,7 +28,7 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::{mpsc, Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// What the kernel may cache, like v9fs's `cache=` modes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -108,10 +108,15 @@ const OPEN_FLAGS_PASSED: i32 = libc::O_ACCMODE | libc::O_TRUNC | libc::O_APPEND;
 /// at once in the workloads we serve (PostgreSQL's backends, a build's jobs).
 const IO_WORKERS: usize = 16;
 
+/// The attribute of a directory's default POSIX ACL.
+const ACL_XATTR_DEFAULT: &[u8] = b"system.posix_acl_default";
+
 struct Node {
     parent: u64,
     name: Vec<u8>,
     lookups: u64,
+    /// Whether the directory had a default ACL, and when that was asked (`Mount::create_mode`).
+    default_acl: Option<(bool, Instant)>,
 }
 
 struct Handle {
@@ -265,6 +270,7 @@ impl Mount {
             parent,
             name: name.to_vec(),
             lookups: 0,
+            default_acl: None,
         });
         node.lookups += 1;
         node.parent = parent;
@@ -275,6 +281,49 @@ impl Mount {
             }
         }
         Ok(self.file_attr(&attr))
+    }
+
+    /// The mode to create an entry of directory `dir` (server inode, open as `dfid`) with:
+    /// the kernel leaves the umask to us (FUSE_DONT_MASK), and POSIX applies it only where
+    /// the directory has no default ACL; where it has one, the server applies the ACL instead.
+    /// Whether it has one is asked of the server, and trusted as long as attributes are.
+    fn create_mode(&mut self, dir: u64, dfid: u32, mode: u32, umask: u32) -> u32 {
+        if mode & umask & 0o777 == 0 {
+            return mode;
+        }
+        let ttl = self.cache.ttl();
+        let known = self
+            .nodes
+            .get(&dir)
+            .and_then(|n| n.default_acl)
+            .filter(|(_, at)| at.elapsed() < ttl)
+            .map(|(has, _)| has);
+        let has = match known {
+            Some(has) => has,
+            None => {
+                let has = self
+                    .call(|c| c.xattr_get(dfid, ACL_XATTR_DEFAULT))
+                    .is_ok_and(|v| !v.is_empty());
+                if let Some(n) = self.nodes.get_mut(&dir) {
+                    n.default_acl = Some((has, Instant::now()));
+                }
+                has
+            }
+        };
+        if has {
+            mode
+        } else {
+            mode & !umask
+        }
+    }
+
+    /// Forgets what `create_mode` learnt of `ino`'s default ACL, after this mount changed it.
+    fn default_acl_changed(&mut self, ino: u64, name: &[u8]) {
+        if name == ACL_XATTR_DEFAULT {
+            if let Some(n) = self.nodes.get_mut(&ino) {
+                n.default_acl = None;
+            }
+        }
     }
 
     fn file_attr(&self, a: &Attr) -> FileAttr {
