@@ -2,9 +2,11 @@
 """POSIX cases with their expected results, run on a mounted filesystem as root and as other
 users, in the spirit of the well-known conformance suites: chmod, chown, link, mkdir, mkfifo,
 mknod, open, rename, rmdir, symlink, truncate, unlink and utimensat, with their error cases
-and permission matrices. Each case runs in a fresh directory; the expected results are those
-of Linux on a local filesystem (ext4, tmpfs), where every case passes. Prints each failed case,
-each skipped one with the reason, and the counts; exit status 1 if any failed.
+and permission matrices; and POSIX ACLs (named entries, the mask, chmod, default ACLs and what
+new files inherit, the raw system.posix_acl_access value). Each case runs in a fresh directory;
+the expected results are those of Linux on a local filesystem (ext4, tmpfs), where every case
+passes. Prints each failed case, each skipped one with the reason, and the counts; exit status 1
+if any failed.
 
     tests/posix_cases.py DIR [--skip-tag TAG,...] [--skip CALL,...]
 
@@ -32,7 +34,7 @@ import sys
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from posix_suite import CASES  # noqa: E402
-from posix_suite import paths, names, files, attrs, access  # noqa: E402,F401 - they register
+from posix_suite import paths, names, files, attrs, access, acl  # noqa: E402,F401 - they register
 
 
 def run(fn, d):
