@@ -149,6 +149,36 @@ async fn getattr_lookup_access_and_the_facts_of_the_filesystem() {
         attr(&mut b);
         assert_eq!(b.u32(), Ok(want), "uid {uid}");
     }
+    // A POSIX ACL naming uid 1000 with r-- (and a mask of r--) lets it read, and no more.
+    let mut acl = 2u32.to_le_bytes().to_vec();
+    for (tag, perm, id) in [
+        (0x01u16, 6u16, u32::MAX),
+        (0x02, 4, 1000u32),
+        (0x04, 4, u32::MAX),
+        (0x10, 4, u32::MAX),
+        (0x20, 0, u32::MAX),
+    ] {
+        acl.extend_from_slice(&tag.to_le_bytes());
+        acl.extend_from_slice(&perm.to_le_bytes());
+        acl.extend_from_slice(&id.to_le_bytes());
+    }
+    fs.set_xattr(
+        &root,
+        file.ino,
+        bucketfs_fs::ACL_XATTR_ACCESS,
+        Some(&acl),
+        bucketfs_fs::XattrMode::Any,
+    )
+    .await
+    .unwrap();
+    let r = d
+        .reply(&call(6, NFS_PROGRAM, 4, 1000, &args(&[&file_fh], &[all])))
+        .await
+        .unwrap();
+    let mut b = body(&r);
+    assert_eq!((b.u32(), b.bool()), (Ok(NFS3_OK), Ok(true)));
+    attr(&mut b);
+    assert_eq!(b.u32(), Ok(ACCESS3_READ), "uid 1000 by the ACL");
 
     // FSINFO: the transfer sizes; PATHCONF: names up to 255 bytes.
     let r = d
