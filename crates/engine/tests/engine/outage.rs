@@ -118,18 +118,19 @@ async fn store_back_nothing_lost(w: &World, e: Engine) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hanging_store_fails_a_barrier_at_the_outage_timeout_not_after_every_attempts_timeout() {
     let w = world();
-    // Attempts of 1 s within a budget of 2 s, and an outage timeout of 1 s: the barrier fails
-    // when its first request gives up (about 2 s). Were the outage clock started only then, or
-    // every attempt allowed its timeout, it would take 4 s or more.
+    // Attempts of 2 s within a budget of 4 s, and an outage timeout of 2 s: the barrier fails
+    // when its first request gives up (about 4 s). Were the outage clock started only then, or
+    // every attempt allowed its timeout, it would take 8 s or more. (Seconds, not fractions:
+    // on a loaded machine timers fire a second or more late.)
     let limits = RetryLimits {
-        attempt: Duration::from_secs(1),
-        budget: Duration::from_secs(2),
+        attempt: Duration::from_secs(2),
+        budget: Duration::from_secs(4),
         ..short_limits()
     };
-    let e = open_with_limits(&w, Duration::from_secs(1), limits).await;
+    let e = open_with_limits(&w, Duration::from_secs(2), limits).await;
     let took = barrier_failing_under(&w, &e, Fault::Hang).await;
     assert!(
-        took >= Duration::from_secs(1) && took < Duration::from_millis(3500),
+        took >= Duration::from_secs(2) && took < Duration::from_secs(7),
         "the barrier failed after {took:?}"
     );
     let outage = e.store_outage().expect("the outage is reported");
