@@ -133,6 +133,9 @@ pub struct Mount {
     client: Option<Arc<Client>>,
     /// The server's inode number of the mount's root, which FUSE calls 1.
     root: u64,
+    /// What `create_mode` learnt of the root's default ACL (other directories keep it in
+    /// their `Node`).
+    root_default_acl: Option<(bool, Instant)>,
     nodes: HashMap<u64, Node>,
     fids: HashMap<(u32, u64), u32>,
     handles: HashMap<u64, Handle>,
@@ -159,6 +162,7 @@ impl Mount {
             aname: aname.as_bytes().to_vec(),
             client: Some(Arc::new(client)),
             root: qid.path,
+            root_default_acl: None,
             nodes: HashMap::new(),
             fids: HashMap::new(),
             handles: HashMap::new(),
@@ -293,9 +297,8 @@ impl Mount {
         }
         let ttl = self.cache.ttl();
         let known = self
-            .nodes
-            .get(&dir)
-            .and_then(|n| n.default_acl)
+            .default_acl_slot(dir)
+            .and_then(|slot| *slot)
             .filter(|(_, at)| at.elapsed() < ttl)
             .map(|(has, _)| has);
         let has = match known {
@@ -304,8 +307,8 @@ impl Mount {
                 let has = self
                     .call(|c| c.xattr_get(dfid, ACL_XATTR_DEFAULT))
                     .is_ok_and(|v| !v.is_empty());
-                if let Some(n) = self.nodes.get_mut(&dir) {
-                    n.default_acl = Some((has, Instant::now()));
+                if let Some(slot) = self.default_acl_slot(dir) {
+                    *slot = Some((has, Instant::now()));
                 }
                 has
             }
@@ -320,10 +323,18 @@ impl Mount {
     /// Forgets what `create_mode` learnt of `ino`'s default ACL, after this mount changed it.
     fn default_acl_changed(&mut self, ino: u64, name: &[u8]) {
         if name == ACL_XATTR_DEFAULT {
-            if let Some(n) = self.nodes.get_mut(&ino) {
-                n.default_acl = None;
+            if let Some(slot) = self.default_acl_slot(ino) {
+                *slot = None;
             }
         }
+    }
+
+    /// Where what is known of directory `ino`'s default ACL is kept, if it is a known one.
+    fn default_acl_slot(&mut self, ino: u64) -> Option<&mut Option<(bool, Instant)>> {
+        if ino == self.root {
+            return Some(&mut self.root_default_acl);
+        }
+        self.nodes.get_mut(&ino).map(|n| &mut n.default_acl)
     }
 
     fn file_attr(&self, a: &Attr) -> FileAttr {
