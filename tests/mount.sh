@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # `bucketfs mount` (FUSE speaking 9P2000.L) on bucketfs's own 9P server, through the kernel:
 # POSIX operations with coreutils and Python, other users acting as themselves (sticky and
-# private directories), a file unlinked while open, fsync durable across kill -9 of the server
-# with the mount reconnecting and an open file going on, and SIGTERM unmounting. The same
+# private directories), POSIX ACLs, a file unlinked while open, fsync durable across kill -9 of
+# the server (a tree's data and its inherited ACLs) with the mount reconnecting and an open file
+# going on, and SIGTERM unmounting. The same
 # operations on diod's export (a third-party 9P2000.L server) once, on the file backend.
 set -euo pipefail
 # shellcheck source=tests/lib.sh
@@ -10,7 +11,7 @@ source "$(dirname "$0")/lib.sh"
 # shellcheck source=tests/fusemount.sh
 source "$(dirname "$0")/fusemount.sh"
 
-requires diod setpriv mountpoint nbdinfo
+requires diod setpriv mountpoint nbdinfo setfacl getfacl
 [[ -c /dev/fuse ]] || skip "no /dev/fuse"
 PY=/usr/bin/python3
 
@@ -152,14 +153,22 @@ EOF
         tar -C /usr/include -cf "$CASE_DIR/tree.tar" linux
         (cd /usr/include && find linux -type f -print0 | sort -z | xargs -0 md5sum) >"$CASE_DIR/tree.md5"
         mkdir "$m/src"
+        # With a default ACL on the top directory: every file and directory of the tree
+        # inherits it, and the ACLs are as durable as the rest.
+        setfacl -m u:1001:rwx -d -m u:1001:rwx "$m/src" || die "setfacl through the mount"
         tar -C "$m/src" -xf "$CASE_DIR/tree.tar" || die "untar through the mount failed"
         sync "$m/src/linux/acct.h"
         (cd "$m/src" && md5sum --quiet -c "$CASE_DIR/tree.md5") || die "the untarred tree differs"
+        local acls
+        acls="$(getfacl -p "$m/src/linux/acct.h"; getfacl -p -d "$m/src/linux")"
+        grep -q "^user:1001:rwx" <<<"$acls" || die "the tree did not inherit the default ACL: $acls"
         kill9_bucketfs
         start_bucketfs "$CONFIG"
         (cd "$m/src" && md5sum --quiet -c "$CASE_DIR/tree.md5") ||
             die "after kill -9 and a restart, the synced tree differs"
-        log "$(wc -l <"$CASE_DIR/tree.md5") files untarred, synced and checked across kill -9"
+        [[ "$(getfacl -p "$m/src/linux/acct.h"; getfacl -p -d "$m/src/linux")" == "$acls" ]] ||
+            die "after kill -9 and a restart, the tree's ACLs differ"
+        log "$(wc -l <"$CASE_DIR/tree.md5") files untarred with inherited ACLs, synced and checked across kill -9"
         rm -r "$m/src"
     fi
 
