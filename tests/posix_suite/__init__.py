@@ -100,6 +100,17 @@ def as_user(who, fn, *args, **kwargs):
     return value
 
 
+def outcome(fn, *args):
+    """'ok' or the errno name fn(*args) failed with; closes a descriptor it returns."""
+    try:
+        r = fn(*args)
+        if isinstance(r, int):
+            os.close(r)
+        return "ok"
+    except OSError as x:
+        return errno.errorcode[x.errno]
+
+
 def user_fails(who, e, fn, *args):
     """fn(*args) as `who` must fail with errno e."""
     as_user(who, fails, e, fn, *args)

@@ -6,7 +6,7 @@ import errno
 import os
 
 from . import (ALICE, BOB, CAROL, DIOD, DIOD_USERS, GROUPS_9P, NINEP, STAFF, as_user, case,
-               fails, member, mkdir, mode_of, touch, user_fails)
+               fails, member, mkdir, mode_of, outcome, touch, user_fails)
 
 # The class a permission applies to, as (owner, group) of the file or directory for alice, and
 # the shift of its bits in the mode. Every other class gets all permissions, so that a case
@@ -20,17 +20,6 @@ CLASSES = {
 
 def class_mode(shift, bits):
     return (0o777 & ~(0o7 << shift)) | (bits << shift)
-
-
-def outcome(fn, *args):
-    """'ok' or the errno name fn(*args) failed with; closes a descriptor it returns."""
-    try:
-        r = fn(*args)
-        if isinstance(r, int):
-            os.close(r)
-        return "ok"
-    except OSError as x:
-        return errno.errorcode[x.errno]
 
 
 def want(allowed):

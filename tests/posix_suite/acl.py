@@ -10,7 +10,7 @@ import struct
 import subprocess
 
 from . import (ALICE, BOB, CAROL, DIOD, DIOD_USERS, GROUPS_9P, NINEP, STAFF, as_user, case,
-               fails, member, mode_of, touch, user_fails)
+               fails, member, mode_of, outcome, touch, user_fails)
 
 ACCESS = "system.posix_acl_access"
 DEFAULT = "system.posix_acl_default"
@@ -88,17 +88,6 @@ def xattrs(p):
     """The system.posix_acl_* names listxattr shows for p, as a set (their order is the
     filesystem's own)."""
     return {n for n in os.listxattr(p) if n.startswith("system.posix_acl_")}
-
-
-def outcome(fn, *args):
-    """'ok' or the errno name fn(*args) failed with; closes a descriptor it returns."""
-    try:
-        r = fn(*args)
-        if isinstance(r, int):
-            os.close(r)
-        return "ok"
-    except OSError as x:
-        return errno.errorcode[x.errno]
 
 
 def opens(p):

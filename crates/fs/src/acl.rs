@@ -261,19 +261,23 @@ impl Acl {
     }
 }
 
+/// An ACL's xattr form from (tag, permissions, id) triples, as given: the tests' way to write
+/// one, malformed ones included.
+#[cfg(test)]
+pub(crate) fn xattr_of(entries: &[(u16, u16, u32)]) -> Vec<u8> {
+    let mut v = VERSION.to_le_bytes().to_vec();
+    for &(tag, perm, id) in entries {
+        v.extend_from_slice(&tag.to_le_bytes());
+        v.extend_from_slice(&perm.to_le_bytes());
+        v.extend_from_slice(&id.to_le_bytes());
+    }
+    v
+}
+
 #[cfg(test)]
 mod tests {
+    use super::xattr_of as acl;
     use super::*;
-
-    fn acl(entries: &[(u16, u16, u32)]) -> Vec<u8> {
-        let mut v = VERSION.to_le_bytes().to_vec();
-        for &(tag, perm, id) in entries {
-            v.extend_from_slice(&tag.to_le_bytes());
-            v.extend_from_slice(&perm.to_le_bytes());
-            v.extend_from_slice(&id.to_le_bytes());
-        }
-        v
-    }
 
     const U: u32 = u32::MAX;
 

@@ -310,18 +310,13 @@ mod tests {
     fn records_with_acls_round_trip_and_cut_ones_are_refused() {
         let mut i = Inode::new(8, S_IFDIR | 0o770, 1000, 100, Time::default());
         // Owner rwx, a named user 1001 with rwx, group r-x, the mask it needs, others none.
-        let mut acl = 2u32.to_le_bytes().to_vec();
-        for (tag, perm, id) in [
-            (0x01u16, 7u16, u32::MAX),
-            (0x02, 7, 1001u32),
+        let acl = crate::acl::xattr_of(&[
+            (0x01, 7, u32::MAX),
+            (0x02, 7, 1001),
             (0x04, 5, u32::MAX),
             (0x10, 7, u32::MAX),
             (0x20, 0, u32::MAX),
-        ] {
-            acl.extend_from_slice(&tag.to_le_bytes());
-            acl.extend_from_slice(&perm.to_le_bytes());
-            acl.extend_from_slice(&id.to_le_bytes());
-        }
+        ]);
         i.acl = Acl::from_xattr(&acl).unwrap();
         i.default_acl = Some(Acl::of_mode(0o700));
         let v = i.encode();

@@ -816,16 +816,7 @@ async fn the_quota_refuses_allocation_but_never_deletes_or_overwrites() {
         .unwrap();
 }
 
-/// An ACL in xattr form from (tag, perm, id) triples; ids of unnamed entries are ignored.
-fn acl_xattr(entries: &[(u16, u16, u32)]) -> Vec<u8> {
-    let mut v = 2u32.to_le_bytes().to_vec();
-    for &(tag, perm, id) in entries {
-        v.extend_from_slice(&tag.to_le_bytes());
-        v.extend_from_slice(&perm.to_le_bytes());
-        v.extend_from_slice(&id.to_le_bytes());
-    }
-    v
-}
+use crate::acl::xattr_of as acl_xattr;
 
 const USER_OBJ: u16 = 0x01;
 const USER: u16 = 0x02;
