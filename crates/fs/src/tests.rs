@@ -984,6 +984,20 @@ async fn posix_acls_are_enforced_inherited_and_survive_a_crash() {
     );
     let link = fs.symlink(&alice, d.ino, b"l", b"new").await.unwrap();
     assert!(link.acl.is_none() && link.mode & 0o777 == 0o777);
+    assert_eq!(
+        fs.set_xattr(
+            &alice,
+            link.ino,
+            ACL_XATTR_ACCESS,
+            Some(&default),
+            XattrMode::Any
+        )
+        .await
+        .unwrap_err()
+        .errno(),
+        libc::EOPNOTSUPP,
+        "a symlink has no ACL"
+    );
     // A minimal access ACL is the mode: nothing is kept.
     fs.set_xattr(
         &r,

@@ -198,13 +198,17 @@ fn acl_of<'a>(inode: &'a Inode, name: &[u8]) -> Option<Option<&'a Acl>> {
 /// ACL sets the mode's permission bits and is kept only if it says more than they do, and a
 /// caller outside the file's group (not root) loses set-group-ID by it; a default ACL is for
 /// directories (EACCES elsewhere) and is kept even if minimal, since it also turns the umask
-/// off for new entries. setxattr's create and replace flags do not apply, as on Linux.
+/// off for new entries. Symlinks have none (EOPNOTSUPP). setxattr's create and replace flags
+/// do not apply, as on Linux.
 fn set_acl(
     caller: &Caller,
     inode: &mut Inode,
     name: &[u8],
     value: Option<&[u8]>,
 ) -> Result<(), FsError> {
+    if inode.kind() == Kind::Symlink {
+        return Err(FsError::NotSupported("POSIX ACLs on symlinks".into()));
+    }
     caller.check_owner(inode)?;
     let access = name == acl::XATTR_ACCESS;
     // Removing, or setting an ACL without entries, drops it (and succeeds if there is none,
