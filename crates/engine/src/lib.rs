@@ -26,7 +26,7 @@ pub use crypto::{KdfCost, KeyError, FORMAT_VERSION};
 pub use engine::{
     change_password, check_checkpoint_name, prefix_end, BarrierLatency, BarrierPart,
     CheckpointInfo, Engine, EngineError, EngineOptions, EngineStats, Expect, Fill, FsckProblem,
-    FsckReport, KvChange, OutageSide, StoreOutage, Txn, SUPERBLOCK_KEY,
+    FsckReport, KvChange, OutageSide, Scope, StoreOutage, Txn, SUPERBLOCK_KEY,
 };
 pub use frame::Codec;
 pub use lease::LeaseError;

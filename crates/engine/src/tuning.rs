@@ -109,6 +109,13 @@ pub struct Tuning {
     /// waits for the bucket, as without a journal: the journal takes records of up to 1 MiB,
     /// and a bulk writer gains nothing from writing its data twice.
     pub journal_record_bytes_max: u64,
+    /// A scoped barrier (an fsync of one file, engine/scoped.rs) stores the file's unflushed
+    /// changes as a side record only while at least this much other data is unflushed: below
+    /// it, the full barrier waits about as long and takes no extra PUT and DELETE.
+    pub scoped_barrier_ahead_bytes_min: u64,
+    /// ... and only when the file's own unflushed data is at most this: a bulk writer's fsync
+    /// gains nothing from writing its data twice.
+    pub scoped_barrier_bytes_max: u64,
 }
 
 impl Default for Tuning {
@@ -145,6 +152,8 @@ impl Default for Tuning {
             journal_coalesce_ms: 200,
             journal_coalesce_bytes: 8 << 20,
             journal_record_bytes_max: 768 << 10,
+            scoped_barrier_ahead_bytes_min: 256 << 10,
+            scoped_barrier_bytes_max: 1 << 20,
         }
     }
 }

@@ -164,6 +164,23 @@ impl<'a> Change<'a> {
             };
             txn.expect(key.clone(), expect);
         }
+        // The scopes (inodes) this change touches: several, or one and a key of none (a
+        // counter), make it shared, so an fsync of either waits for the whole log.
+        let mut scopes = std::collections::BTreeSet::new();
+        let mut unscoped = false;
+        for op in &self.data {
+            match op {
+                DataOp::Drop { ino, .. } | DataOp::Zero { ino, .. } | DataOp::Write { ino, .. } => {
+                    scopes.insert(*ino);
+                }
+                DataOp::DeleteRange { start, .. } => match keys::scope_of(start) {
+                    Some(ino) => {
+                        scopes.insert(ino);
+                    }
+                    None => unscoped = true,
+                },
+            }
+        }
         for op in self.data {
             match op {
                 DataOp::Drop { ino, from, to } => txn.drop_extents(ino, from, to),
@@ -180,10 +197,19 @@ impl<'a> Change<'a> {
             if self.read.get(&key) == Some(&value) {
                 continue;
             }
+            match keys::scope_of(&key) {
+                Some(ino) => {
+                    scopes.insert(ino);
+                }
+                None => unscoped = true,
+            }
             match value {
                 Some(v) => txn.put(key, v),
                 None => txn.delete(key),
             };
+        }
+        if scopes.len() > 1 || (unscoped && !scopes.is_empty()) {
+            txn.shared_by(scopes);
         }
         self.fs.engine.commit(&txn).await?;
         Ok(())

@@ -5,7 +5,7 @@
 use crate::change::Change;
 use crate::inode::{Inode, Kind, Time, S_IFMT, S_ISGID, S_ISUID};
 use crate::perm::{Caller, MAY_WRITE};
-use crate::{Fs, FsError, FILE_SIZE_BYTES_MAX};
+use crate::{keys, Fs, FsError, FILE_SIZE_BYTES_MAX};
 use bucketfs_engine::limits::EXTENT_SIZE_BYTES_U64;
 
 /// What a setattr changes; `None` leaves a field alone.
@@ -282,10 +282,15 @@ impl Fs {
         Ok(if data { None } else { Some(size) })
     }
 
-    /// fsync of one file, or of a directory (its entries): both are the flush barrier, which
-    /// makes every earlier change durable.
-    pub async fn fsync(&self, _ino: u64) -> Result<(), FsError> {
-        self.sync().await
+    /// fsync of one file, or of a directory (its entries): a scoped barrier (engine/scoped.rs).
+    /// It makes durable every earlier change to the inode, and, when one of those changed
+    /// other inodes too (a create, a rename, a link), everything before it.
+    pub async fn fsync(&self, ino: u64) -> Result<(), FsError> {
+        let scope = bucketfs_engine::Scope {
+            ino,
+            key_ranges: keys::scope_ranges(ino),
+        };
+        Ok(self.engine.scoped_flush(&scope).await?)
     }
 
     /// Bytes of `offset..offset+length` in extents not yet allocated: what writing it adds to

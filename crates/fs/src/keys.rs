@@ -51,6 +51,27 @@ pub fn legacy_dirent(parent: u64, name: &[u8]) -> Vec<u8> {
     k
 }
 
+/// The key ranges that hold an inode's own pairs (its record, extended attributes, orphan
+/// mark, and a directory's entries): with its extents, the scope of a scoped barrier.
+pub fn scope_ranges(ino: u64) -> Vec<(Vec<u8>, Vec<u8>)> {
+    [b'i', b'x', b'o', b'e']
+        .into_iter()
+        .map(|tag| {
+            let start = with_ino(tag, ino);
+            let end = bucketfs_engine::prefix_end(&start).expect("a tag and an inode number");
+            (start, end)
+        })
+        .collect()
+}
+
+/// The inode whose scope (`scope_ranges`) holds `key`, if any.
+pub fn scope_of(key: &[u8]) -> Option<u64> {
+    match key.first()? {
+        b'i' | b'x' | b'o' | b'e' => ino_of(key),
+        _ => None,
+    }
+}
+
 fn with_ino(tag: u8, ino: u64) -> Vec<u8> {
     let mut k = Vec::with_capacity(17);
     k.push(tag);

@@ -23,6 +23,9 @@ pub enum Fault {
     /// Every request waits without an answer until the fault is changed, and then fails as a
     /// closed connection would (a store or link that hangs).
     Hang,
+    /// PUTs of keys under this prefix wait, unanswered, until the fault is changed, and then
+    /// fail as `Hang` does; every other request is served (uploads of one kind stuck).
+    HangPutsUnder(String),
     None,
 }
 
@@ -52,8 +55,17 @@ impl FaultyBucket {
     }
 
     async fn check(&self, is_put: bool) -> Result<(), StoreError> {
-        if *self.fault.lock() == Fault::Hang {
-            while *self.fault.lock() == Fault::Hang {
+        self.check_key(is_put, "").await
+    }
+
+    async fn check_key(&self, is_put: bool, key: &str) -> Result<(), StoreError> {
+        let stuck = |f: &Fault| match f {
+            Fault::Hang => true,
+            Fault::HangPutsUnder(prefix) => is_put && key.starts_with(prefix.as_str()),
+            _ => false,
+        };
+        if stuck(&self.fault.lock()) {
+            while stuck(&self.fault.lock()) {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
             return Err(StoreError::Transient(
@@ -91,7 +103,7 @@ impl FaultyBucket {
 #[async_trait]
 impl Bucket for FaultyBucket {
     async fn put(&self, key: &str, data: Bytes, mode: PutMode) -> Result<(), StoreError> {
-        self.check(true).await?;
+        self.check_key(true, key).await?;
         self.inner.put(key, data, mode).await
     }
     async fn get(&self, key: &str) -> Result<Bytes, StoreError> {

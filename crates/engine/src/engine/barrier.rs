@@ -36,9 +36,8 @@ pub(super) enum UploadState {
 /// them strictly in sequence order as they are stored.
 pub(super) struct SealCtl {
     pub(super) next_seq: u64,
-    /// With journaled barriers: the number the next frozen batch gets, and how many batches
-    /// at the back of `flushing` are frozen but not yet sealed for the bucket.
-    pub(super) next_batch: u64,
+    /// With journaled barriers: how many batches at the back of `flushing` are frozen but not
+    /// yet sealed for the bucket.
     pub(super) unsealed: usize,
 }
 
@@ -281,10 +280,12 @@ impl Engine {
                 }
                 return;
             }
-            if !batch.is_empty() && self.journaling() {
-                batch.number = ctl.next_batch;
-                ctl.next_batch += 1;
-                self.frozen_for_bucket(batch.number, batch.gen);
+            if !batch.is_empty() {
+                batch.number = st.next_batch;
+                st.next_batch += 1;
+                if self.journaling() {
+                    self.frozen_for_bucket(batch.number, batch.gen);
+                }
             }
             // With journaled barriers, the batches frozen since the last seal (their records
             // in the journal) go to the bucket together, as one.
@@ -614,6 +615,7 @@ impl Engine {
             self.advance_durable();
             self.records_covered(covered_records);
         }
+        self.side_records_covered(covered_records);
         ctl.known_logs.insert(seq, object.len() as u64);
         self.inner
             .checkpoint_lag_objects

@@ -150,8 +150,8 @@ impl Engine {
         }
         let mut batch = std::mem::take(&mut st.pending);
         batch.gen = st.write_gen;
-        let number = ctl.next_batch;
-        ctl.next_batch += 1;
+        let number = st.next_batch;
+        st.next_batch += 1;
         batch.number = number;
         let batch = Arc::new(batch);
         st.flushing.push_back(batch.clone());
@@ -363,16 +363,9 @@ impl Engine {
             .iter()
             .filter_map(|o| o.key.strip_prefix(RECORD_PREFIX)?.parse().ok())
             .collect();
-        let covered = match self.kv_get(COVERED_KEY).await? {
-            Some(v) => u64::from_be_bytes(v.as_slice().try_into().map_err(|_| {
-                EngineError::Corrupt(
-                    "the pair that says which journal records the bucket holds is malformed".into(),
-                )
-            })?),
-            None => 0,
-        };
+        let covered = self.covered_number().await?;
         let newest = listed.iter().copied().max().unwrap_or(0).max(covered);
-        self.inner.seal.lock().await.next_batch = newest + 1;
+        self.inner.state.write().next_batch = newest + 1;
         if listed.is_empty() {
             return Ok(());
         }
@@ -410,10 +403,32 @@ impl Engine {
         Ok(())
     }
 
+    /// The number of the newest frozen batch the bucket holds (`COVERED_KEY`), 0 for none.
+    pub(super) async fn covered_number(&self) -> Result<u64, EngineError> {
+        Ok(match self.kv_get(COVERED_KEY).await? {
+            Some(v) => u64::from_be_bytes(v.as_slice().try_into().map_err(|_| {
+                EngineError::Corrupt(
+                    "the pair that says which frozen batches the bucket holds is malformed".into(),
+                )
+            })?),
+            None => 0,
+        })
+    }
+
     async fn replay_record(&self, number: u64) -> Result<(), EngineError> {
         let key = record_key(number);
-        let seq = record_seq(number);
         let object = self.inner.bucket.get(&key).await?;
+        self.replay_object(&key, record_seq(number), &object)
+    }
+
+    /// Opens a record (a batch sealed as a log object numbered `seq`) and applies it to the
+    /// pending batch, as one more mutation.
+    pub(super) fn replay_object(
+        &self,
+        key: &str,
+        seq: u64,
+        object: &[u8],
+    ) -> Result<(), EngineError> {
         let malformed = || EngineError::Corrupt(format!("{key}: not a journal record"));
         let size = object.len() as u64;
         if size < LOG_HEADER_BYTES as u64 + logobj::LOG_TRAILER_BYTES
@@ -422,10 +437,10 @@ impl Engine {
             return Err(malformed());
         }
         let trailer = &object[(size - logobj::LOG_TRAILER_BYTES) as usize..];
-        let range = logobj::parse_trailer(&key, size, trailer)?;
+        let range = logobj::parse_trailer(key, size, trailer)?;
         let ops = logobj::open_log_meta(
             &self.inner.sealer,
-            &key,
+            key,
             seq,
             &object[range.start as usize..range.end as usize],
         )?;

@@ -26,6 +26,7 @@ mod overlay;
 mod pins;
 mod readahead;
 mod recovery;
+mod scoped;
 mod seal;
 mod stats;
 mod timing;
@@ -40,6 +41,7 @@ pub use options::EngineOptions;
 pub use outage::{OutageSide, StoreOutage};
 pub use pins::{check_checkpoint_name, CheckpointInfo};
 pub use recovery::change_password;
+pub use scoped::Scope;
 pub use stats::EngineStats;
 pub use timing::{BarrierLatency, BarrierPart};
 pub use txn::{Expect, Txn};
@@ -102,6 +104,8 @@ struct Inner {
     journal: Option<Mutex<journaled::JournalCtl>>,
     /// Wakes barriers waiting for a journal record.
     journal_notify: tokio::sync::Notify,
+    /// Side records of scoped barriers (engine/scoped.rs).
+    side: Mutex<scoped::SideCtl>,
     poisoned: Mutex<Option<String>>,
     disk_cache: Option<Arc<DiskCache>>,
     /// The writer lock (none when read-only); shared only with `Engine::open` while it loads.

@@ -140,6 +140,12 @@ pub(super) struct State {
     pub(super) commit_gen: u64,
     /// Decoded committed extents (the memory tier).
     pub(super) clean: super::clean::CleanCache,
+    /// The number the next non-empty frozen batch gets; the bucket's `COVERED_KEY` says the
+    /// newest it holds (engine/journaled.rs, engine/scoped.rs).
+    pub(super) next_batch: u64,
+    /// Per scope (inode), the write generation of the newest transaction that changed it
+    /// together with other scopes (`Txn::shared_by`); entries the bucket holds are pruned.
+    pub(super) shared: HashMap<u64, u64>,
 }
 
 pub(super) enum Found {

@@ -304,10 +304,11 @@ impl Engine {
                     committed,
                     commit_gen: 0,
                     clean: super::clean::CleanCache::new(clean_extents),
+                    next_batch: 1,
+                    shared: HashMap::new(),
                 }),
                 seal: tokio::sync::Mutex::new(SealCtl {
                     next_seq: last_seq + 1,
-                    next_batch: 1,
                     unsealed: 0,
                 }),
                 upload: tokio::sync::Mutex::new(UploadCtl {
@@ -323,6 +324,7 @@ impl Engine {
                 bucket_gen: AtomicU64::new(0),
                 journal: (opts.journaled_barriers && !opts.read_only).then(Default::default),
                 journal_notify: tokio::sync::Notify::new(),
+                side: Mutex::default(),
                 poisoned: Mutex::new(None),
                 disk_cache,
                 lock_holder,
@@ -356,6 +358,7 @@ impl Engine {
         };
         if !opts.read_only {
             engine.replay_records().await?;
+            engine.replay_side_records().await?;
             if engine.journaling() {
                 engine.spawn_coalescer();
             }

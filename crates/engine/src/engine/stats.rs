@@ -77,6 +77,11 @@ pub struct EngineStats {
     pub barriers_held_for_checkpoint: u64,
     /// Journal records written by client barriers (engine/journaled.rs).
     pub journal_records: u64,
+    /// Scoped barriers (engine/scoped.rs): served by a side record, by the full barrier, and
+    /// with nothing of their scope unflushed.
+    pub scoped_barriers_side: u64,
+    pub scoped_barriers_full: u64,
+    pub scoped_barriers_clean: u64,
     /// Bottom parts merged with the deltas by sweeps (engine/compaction.rs), and sweeps that
     /// passed over every key.
     pub bottom_parts_merged: u64,
@@ -104,6 +109,9 @@ pub(super) struct Counters {
     pub(super) repack_sweeps_started: AtomicU64,
     pub(super) barriers_held_for_checkpoint: AtomicU64,
     pub(super) journal_records: AtomicU64,
+    pub(super) scoped_barriers_side: AtomicU64,
+    pub(super) scoped_barriers_full: AtomicU64,
+    pub(super) scoped_barriers_clean: AtomicU64,
     pub(super) bottom_parts_merged: AtomicU64,
     pub(super) bottom_sweeps_finished: AtomicU64,
     pub(super) delta_runs_merged: AtomicU64,
@@ -176,6 +184,9 @@ impl Engine {
             log_objects_since_checkpoint: self.inner.checkpoint_lag_objects.load(Ordering::Relaxed),
             barriers_held_for_checkpoint: c.barriers_held_for_checkpoint.load(Ordering::Relaxed),
             journal_records: c.journal_records.load(Ordering::Relaxed),
+            scoped_barriers_side: c.scoped_barriers_side.load(Ordering::Relaxed),
+            scoped_barriers_full: c.scoped_barriers_full.load(Ordering::Relaxed),
+            scoped_barriers_clean: c.scoped_barriers_clean.load(Ordering::Relaxed),
             bottom_parts_merged: c.bottom_parts_merged.load(Ordering::Relaxed),
             bottom_sweeps_finished: c.bottom_sweeps_finished.load(Ordering::Relaxed),
             delta_runs_merged: c.delta_runs_merged.load(Ordering::Relaxed),

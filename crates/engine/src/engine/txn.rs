@@ -56,6 +56,9 @@ enum Change {
 pub struct Txn {
     expects: Vec<(Vec<u8>, Expect)>,
     changes: Vec<Change>,
+    /// The scopes (inodes) this transaction changes together: a scoped barrier on any of them
+    /// must cover the whole log until the transaction is in the bucket (engine/scoped.rs).
+    shared: Vec<u64>,
 }
 
 impl Txn {
@@ -106,6 +109,14 @@ impl Txn {
     /// `from` on), in one op whatever their number.
     pub fn drop_extents(&mut self, ino: u64, from: u64, to: u64) -> &mut Txn {
         self.changes.push(Change::DropExtents { ino, from, to });
+        self
+    }
+
+    /// Marks the transaction as one that changes several scopes (inodes), or one scope and
+    /// keys outside every scope, together: `Engine::scoped_flush` of any of `scopes` then waits
+    /// for the whole log until it is in the bucket, so a crash keeps the change whole.
+    pub fn shared_by(&mut self, scopes: impl IntoIterator<Item = u64>) -> &mut Txn {
+        self.shared.extend(scopes);
         self
     }
 
@@ -178,6 +189,7 @@ impl Engine {
                     if missing.is_empty() {
                         self.apply_txn(&mut st, txn, &mut copies);
                         st.write_gen += 1;
+                        self.note_shared(&mut st, &txn.shared);
                         let pending_bytes = st.pending.data_bytes();
                         drop(st);
                         if writes_data {

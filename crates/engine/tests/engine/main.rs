@@ -13,5 +13,6 @@ mod journal_tier;
 mod local_bucket;
 mod metrics;
 mod outage;
+mod scoped;
 mod txn;
 mod uploads;

@@ -1,0 +1,162 @@
+//! Scoped barriers (engine/scoped.rs): an fsync of one inode that does not wait for another
+//! inode's data stuck on its way to the bucket, and what a crash leaves of both.
+
+use crate::common::{crash, pattern, world, World};
+use bucketfs_engine::bucket::Fault;
+use bucketfs_engine::{Engine, EngineOptions, Fill, Scope, Tuning, Txn};
+use std::time::Duration;
+
+const BULK: u64 = 1;
+const SMALL: u64 = 2;
+
+fn size_key(ino: u64) -> Vec<u8> {
+    format!("size{ino}").into_bytes()
+}
+
+fn scope(ino: u64) -> Scope {
+    let start = size_key(ino);
+    let mut end = start.clone();
+    end.push(0);
+    Scope {
+        ino,
+        key_ranges: vec![(start, end)],
+    }
+}
+
+async fn open_scoped(w: &World) -> Engine {
+    let mut opts = EngineOptions::for_tests("pw");
+    opts.tuning = Tuning {
+        scoped_barrier_ahead_bytes_min: 64 << 10,
+        ..Tuning::default()
+    };
+    let (bucket, opts) = w.writer(opts);
+    Engine::open(bucket, opts).await.unwrap()
+}
+
+async fn side_keys(w: &World) -> Vec<String> {
+    let listed = w.bucket.list("side/").await.unwrap();
+    listed.into_iter().map(|o| o.key).collect()
+}
+
+/// Writes 1 MiB to BULK and starts a full barrier that cannot finish while log PUTs hang.
+async fn bulk_stuck(w: &World, e: &Engine) -> tokio::task::JoinHandle<()> {
+    w.faults.set(Fault::HangPutsUnder("log/".into()));
+    e.write(BULK, 0, 1 << 20, Fill::Data(&pattern(9, 1 << 20)))
+        .await
+        .unwrap();
+    let stuck = e.clone();
+    tokio::spawn(async move {
+        // Fails once the writer is killed; nobody waits for its answer.
+        let _ = stuck.flush().await;
+    })
+}
+
+/// A small write and its size pair, as one transaction of SMALL's scope.
+async fn small_write(e: &Engine, seed: u8) {
+    let mut txn = Txn::new();
+    txn.write(SMALL, 0, pattern(seed, 4096))
+        .put(size_key(SMALL), 4096u64.to_le_bytes().to_vec());
+    e.commit(&txn).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scoped_barrier_skips_another_inodes_stuck_upload_and_its_data_survives_a_crash() {
+    let w = world();
+    let e = open_scoped(&w).await;
+    let stuck = bulk_stuck(&w, &e).await;
+    small_write(&e, 3).await;
+    tokio::time::timeout(Duration::from_secs(5), e.scoped_flush(&scope(SMALL)))
+        .await
+        .expect("the scoped barrier does not wait for the stuck log object")
+        .unwrap();
+    let stats = e.stats();
+    assert_eq!(
+        (stats.scoped_barriers_side, stats.scoped_barriers_full),
+        (1, 0),
+        "{stats:?}"
+    );
+    assert_eq!(side_keys(&w).await.len(), 1);
+    // Nothing of the scope is unflushed that the side record does not hold: the next fsync
+    // stores another (the engine cannot know the first is enough) but never waits.
+    crash(&w, e).await;
+    w.faults.set(Fault::None);
+    stuck.abort();
+
+    let e = open_scoped(&w).await;
+    assert_eq!(e.read(SMALL, 0, 4096).await.unwrap(), pattern(3, 4096));
+    assert_eq!(
+        e.kv_get(&size_key(SMALL)).await.unwrap(),
+        Some(4096u64.to_le_bytes().to_vec())
+    );
+    // Never acknowledged by a barrier of its own: lost with the crash, as the scope allows.
+    assert_eq!(e.read(BULK, 0, 8192).await.unwrap(), vec![0; 8192]);
+    assert!(
+        side_keys(&w).await.is_empty(),
+        "replayed side records are deleted"
+    );
+    // The replay went to the bucket's log: it survives a crash with no side record left.
+    crash(&w, e).await;
+    let e = open_scoped(&w).await;
+    assert_eq!(e.read(SMALL, 0, 4096).await.unwrap(), pattern(3, 4096));
+    e.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scope_changed_together_with_another_takes_the_full_barrier() {
+    let w = world();
+    let e = open_scoped(&w).await;
+    let stuck = bulk_stuck(&w, &e).await;
+    let mut txn = Txn::new();
+    txn.write(SMALL, 0, pattern(4, 4096))
+        .write(3, 0, pattern(5, 4096))
+        .shared_by([SMALL, 3]);
+    e.commit(&txn).await.unwrap();
+    let scoped = e.clone();
+    let barrier = tokio::spawn(async move { scoped.scoped_flush(&scope(SMALL)).await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !barrier.is_finished(),
+        "a side record would keep half of the transaction after a crash"
+    );
+    assert!(side_keys(&w).await.is_empty());
+    w.faults.set(Fault::None);
+    tokio::time::timeout(Duration::from_secs(30), barrier)
+        .await
+        .expect("the full barrier ends once the log is stored")
+        .unwrap()
+        .unwrap();
+    stuck.await.unwrap();
+    assert_eq!(e.stats().scoped_barriers_full, 1);
+    // Once the shared transaction is in the bucket, the scope is clean.
+    e.scoped_flush(&scope(SMALL)).await.unwrap();
+    assert_eq!(e.stats().scoped_barriers_clean, 1);
+    e.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_side_record_the_log_caught_up_with_is_never_applied_again() {
+    let w = world();
+    let e = open_scoped(&w).await;
+    let stuck = bulk_stuck(&w, &e).await;
+    small_write(&e, 6).await;
+    e.scoped_flush(&scope(SMALL)).await.unwrap();
+    let keys = side_keys(&w).await;
+    assert_eq!(keys.len(), 1);
+    let kept = w.bucket.get(&keys[0]).await.unwrap();
+    w.faults.set(Fault::None);
+    stuck.await.unwrap();
+    // Newer content, durable in the log.
+    small_write(&e, 7).await;
+    e.flush().await.unwrap();
+    crash(&w, e).await;
+    // As if the side record's DELETE had never reached the store.
+    w.bucket
+        .put(&keys[0], kept, bucketfs_engine::bucket::PutMode::Overwrite)
+        .await
+        .unwrap();
+    let e = open_scoped(&w).await;
+    assert_eq!(e.read(SMALL, 0, 4096).await.unwrap(), pattern(7, 4096));
+    assert_eq!(e.read(BULK, 0, 1 << 20).await.unwrap(), pattern(9, 1 << 20));
+    assert!(side_keys(&w).await.is_empty());
+    e.close().await.unwrap();
+}
