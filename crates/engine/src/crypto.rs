@@ -13,7 +13,8 @@ use serde::{Deserialize, Serialize};
 
 pub const NONCE_BYTES: usize = 24;
 pub const TAG_BYTES: usize = 16;
-/// The bucket format this build writes (docs/format.md): 7 adds the journal records of
+/// The bucket format this build writes (docs/format.md): 8 adds the side records of scoped
+/// barriers (`side/`, applied at open, for the same reason); 7 adds the journal records of
 /// journaled barriers (`jrec/`, replayed at open; a build that did not know them would drop
 /// acknowledged writes); 6 lays the filesystem out for POSIX
 /// (versioned inode records, directory entries keyed by a keyed hash of their name, which the
@@ -23,10 +24,10 @@ pub const TAG_BYTES: usize = 16;
 /// object table (live bytes
 /// per log object) in each manifest, so that open reads no run whole; 3 adds range deletions to
 /// the log; 2 keeps metadata in sorted runs named by manifests; 1 kept it in whole-map
-/// checkpoints. A bucket of format 2 to 6 is migrated when a writer opens it, before anything
+/// checkpoints. A bucket of format 2 to 7 is migrated when a writer opens it, before anything
 /// is written, so that an older build refuses it rather than misreading it; a format-1 bucket
 /// by its first checkpoint.
-pub const FORMAT_VERSION: u32 = 7;
+pub const FORMAT_VERSION: u32 = 8;
 /// The oldest bucket format this build opens.
 pub const FORMAT_VERSION_OLDEST: u32 = 1;
 const WRAP_AAD: &[u8] = b"bucketfs data key v1";
