@@ -83,6 +83,13 @@ EOF
     [[ ! -e "$m/a" ]] || die "rm -r left the tree"
 }
 
+# Whether the counter in FILE (written by a test's loop) has reached N.
+fsyncs_at_least() { # FILE N
+    local n
+    n="$(cat "$1" 2>/dev/null)" || return 1
+    [[ -n $n ]] && ((n >= $2))
+}
+
 run_case() {
     local m="$CASE_DIR/mnt" out
     make_config "$CASE_DIR" "$BACKEND"
@@ -145,10 +152,10 @@ EOF
         die "uid 1001 removed uid 1000's file from a sticky directory"
     fi
 
-    # A source tree untarred through the mount, then one fsync (`sync FILE`: on bucketfs an
-    # fsync covers everything written before it), is there byte for byte after kill -9 of the
-    # server and a restart. (`sync -f`, syncfs, does not reach a FUSE server built on fuser,
-    # which does not implement FUSE_SYNCFS.)
+    # A source tree untarred through the mount, then one fsync of its top directory (`sync
+    # DIR`: on bucketfs a directory's fsync covers everything written before it, in any file),
+    # is there byte for byte after kill -9 of the server and a restart. (`sync -f`, syncfs, does
+    # not reach a FUSE server built on fuser, which does not implement FUSE_SYNCFS.)
     if [[ -d /usr/include/linux ]]; then
         tar -C /usr/include -cf "$CASE_DIR/tree.tar" linux
         (cd /usr/include && find linux -type f -print0 | sort -z | xargs -0 md5sum) >"$CASE_DIR/tree.md5"
@@ -157,7 +164,7 @@ EOF
         # inherits it, and the ACLs are as durable as the rest.
         setfacl -m u:1001:rwx -d -m u:1001:rwx "$m/src" || die "setfacl through the mount"
         tar -C "$m/src" -xf "$CASE_DIR/tree.tar" || die "untar through the mount failed"
-        sync "$m/src/linux/acct.h"
+        sync "$m/src"
         (cd "$m/src" && md5sum --quiet -c "$CASE_DIR/tree.md5") || die "the untarred tree differs"
         local acls
         acls="$(getfacl -p "$m/src/linux/acct.h"; getfacl -p -d "$m/src/linux")"
@@ -225,6 +232,53 @@ EOF
     start_bucketfs "$CONFIG"
     echo restarted >"$CASE_DIR/step"
     wait "$py" || die "after kill -9 and a restart: data lost, or the mount did not reconnect"
+    # A small file's fsync does not wait for another writer's stream (a side record, docs/0006
+    # "Durability"), and what it acknowledged survives kill -9 in the middle of the stream.
+    "$PY" - "$m" "$CASE_DIR/acked" 2>"$CASE_DIR/streamer.log" <<'EOF' &
+import os, sys, threading
+m, acked = sys.argv[1], sys.argv[2]
+small = os.open(m + "/small", os.O_RDWR | os.O_CREAT, 0o644)
+os.fsync(small)
+def stream():
+    fd = os.open(m + "/stream", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    chunk = os.urandom(1 << 20)
+    for _ in range(4096):
+        os.write(fd, chunk)
+threading.Thread(target=stream, daemon=True).start()
+i = 0
+while True:
+    i += 1
+    os.pwrite(small, f"{i:012d}".encode() * 341, 0)
+    os.fsync(small)
+    with open(acked + ".new", "w") as f:
+        f.write(str(i))
+    os.rename(acked + ".new", acked)
+EOF
+    local streamer=$! acked side seen
+    wait_for 60 fsyncs_at_least "$CASE_DIR/acked" 200 || die "fewer than 200 small-file fsyncs in 60 s"
+    # The kill lands in the middle of the stream, its log objects on their way to the bucket.
+    wait_for 60 bash -c "(( \$(stat -c %s '$m/stream' 2>/dev/null || echo 0) >= 256 << 20 ))" ||
+        die "the stream beside the fsyncs did not reach 256 MiB in 60 s"
+    side="$("$BUCKETFS" status -c "$CONFIG" | "$PY" -c 'import json, sys
+def find(d):
+    if isinstance(d, dict):
+        for k, v in d.items():
+            found = v if k == "scoped_barriers_side" else find(v)
+            if found is not None:
+                return found
+print(find(json.load(sys.stdin)))')"
+    kill9_bucketfs
+    acked="$(cat "$CASE_DIR/acked")"
+    # Its next request fails (EIO) with the server gone, if it has not already.
+    kill -9 "$streamer" 2>/dev/null || true
+    wait "$streamer" 2>/dev/null || true
+    start_bucketfs "$CONFIG"
+    seen="$(head -c 12 "$m/small")" || die "the small file is unreadable after kill -9 and a restart"
+    ((10#$seen >= acked)) || die "after kill -9, the small file holds fsync $seen, but fsync $acked was acknowledged"
+    ((side > 0)) || die "no fsync beside the stream took a side record (bucketfs status: scoped_barriers_side=$side)"
+    log "small-file fsyncs beside a stream: $acked acknowledged ($side by side records), fsync $seen found after kill -9"
+    rm -f "$m/small" "$m/stream"
+
     # cache=none beside the default mount of the same server: a change made through one is
     # seen through the other at once, and reads and writes bypass the page cache.
     local mnone="$CASE_DIR/mnt-none" mount_default=$MOUNT_PID

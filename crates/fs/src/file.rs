@@ -282,10 +282,15 @@ impl Fs {
         Ok(if data { None } else { Some(size) })
     }
 
-    /// fsync of one file, or of a directory (its entries): a scoped barrier (engine/scoped.rs).
-    /// It makes durable every earlier change to the inode, and, when one of those changed
-    /// other inodes too (a create, a rename, a link), everything before it.
+    /// fsync of a file: a scoped barrier (engine/scoped.rs), which makes durable every earlier
+    /// change to the file, and, when one of those changed other inodes too (a create, a rename,
+    /// a link), everything before it. fsync of a directory is the full barrier, which covers
+    /// its entries and everything else written before it: `sync DIR` is how a client makes a
+    /// whole tree durable, as syncfs does not reach the server (docs/0006, "Durability").
     pub async fn fsync(&self, ino: u64) -> Result<(), FsError> {
+        if self.getattr(ino).await?.is_dir() {
+            return self.sync().await;
+        }
         let scope = bucketfs_engine::Scope {
             ino,
             key_ranges: keys::scope_ranges(ino),

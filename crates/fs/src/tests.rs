@@ -1037,3 +1037,61 @@ async fn posix_acls_are_enforced_inherited_and_survive_a_crash() {
         .unwrap();
     assert_eq!((plain.mode & 0o777, plain.acl.is_none()), (0o644, true));
 }
+
+/// Opens with every file fsync eligible for a side record (no other data need be on its way).
+async fn open_scoped(bucket: &SharedBucket) -> (Fs, TaskSet) {
+    let mut opts = EngineOptions::for_tests("pw");
+    opts.tuning.scoped_barrier_ahead_bytes_min = 0;
+    let tasks = opts.tasks.clone();
+    let engine = Engine::open(bucket.clone(), opts).await.unwrap();
+    (Fs::open(engine).await.unwrap(), tasks)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_files_fsync_is_scoped_but_covers_its_new_entry_and_a_directorys_covers_all() {
+    let bucket = memory();
+    let r = root();
+    let (fs, tasks) = open_scoped(&bucket).await;
+    let a = create(&fs, &r, ROOT_INO, "a").await;
+    fs.write_file(&r, a.ino, 0, b"first", false).await.unwrap();
+    // The create changed the directory and the file together: this fsync is the full barrier.
+    fs.fsync(a.ino).await.unwrap();
+    let b = create(&fs, &r, ROOT_INO, "b").await;
+    fs.write_file(&r, b.ino, 0, b"never synced", false)
+        .await
+        .unwrap();
+    fs.write_file(&r, a.ino, 5, b", second", false)
+        .await
+        .unwrap();
+    // Only `a` changed on its own since: a side record, which `b` is not in.
+    fs.fsync(a.ino).await.unwrap();
+    assert_eq!(fs.engine().stats().scoped_barriers_side, 1);
+    crash(fs, tasks).await;
+
+    let (fs, tasks) = open_scoped(&bucket).await;
+    let a = fs.lookup(&r, ROOT_INO, b"a").await.unwrap();
+    assert_eq!(fs.read_file(a.ino, 0, 100).await.unwrap(), b"first, second");
+    assert_eq!(fs.getattr(a.ino).await.unwrap().size_bytes, 13);
+    // `b` was created and written before `a`'s last fsync, but nothing covered it.
+    assert!(fs.lookup(&r, ROOT_INO, b"b").await.is_err());
+
+    let b = create(&fs, &r, ROOT_INO, "b").await;
+    fs.write_file(&r, b.ino, 0, b"synced by the directory", false)
+        .await
+        .unwrap();
+    fs.write_file(&r, a.ino, 13, b", third", false)
+        .await
+        .unwrap();
+    fs.fsync(ROOT_INO).await.unwrap();
+    crash(fs, tasks).await;
+    let (fs, _tasks) = open_scoped(&bucket).await;
+    let b = fs.lookup(&r, ROOT_INO, b"b").await.unwrap();
+    assert_eq!(
+        fs.read_file(b.ino, 0, 100).await.unwrap(),
+        b"synced by the directory"
+    );
+    assert_eq!(
+        fs.read_file(a.ino, 0, 100).await.unwrap(),
+        b"first, second, third"
+    );
+}
