@@ -234,6 +234,20 @@ impl Collector for Sample {
             |m, v| gauge(m, *v),
         )?;
 
+        family(
+            e,
+            "bucketfs_scoped_barriers",
+            "fsyncs of one file (docs/0006, Durability), by how they were made durable: a side record, the full barrier, or nothing of the file unflushed.",
+            Counter,
+            "path",
+            &[
+                ("side_record", s.scoped_barriers_side),
+                ("full", s.scoped_barriers_full),
+                ("clean", s.scoped_barriers_clean),
+            ],
+            |m, v| counter(m, *v),
+        )?;
+
         let counters = [
             (
                 "bucketfs_barriers",
@@ -444,6 +458,7 @@ mod tests {
         let text = sample().render();
         let has = |line: &str| assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
         has("# TYPE bucketfs_object_store_requests_total counter");
+        has("bucketfs_scoped_barriers_total{path=\"side_record\"} 0");
         has("bucketfs_object_store_requests_total{op=\"put\"} 3");
         has("bucketfs_object_store_requests_total{op=\"get_range\"} 0");
         has("bucketfs_object_store_errors_total{op=\"put\"} 1");
