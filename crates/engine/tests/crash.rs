@@ -192,13 +192,7 @@ fn size_key(ino: u64) -> Vec<u8> {
 
 /// An inode's scope in this model: its extents and its size pair.
 fn scope(ino: u64) -> Scope {
-    let start = size_key(ino);
-    let mut end = start.clone();
-    end.push(0);
-    Scope {
-        ino,
-        key_ranges: vec![(start, end)],
-    }
+    Scope::with_keys(ino, [size_key(ino)])
 }
 
 /// The bucket's state as an engine opened on it sees it.

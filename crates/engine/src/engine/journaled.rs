@@ -488,12 +488,19 @@ impl Engine {
 /// Deletes records; one that stays (a failed delete, or a garbage delete a crash undoes) is
 /// numbered at most `COVERED_KEY`'s value, so no open replays it, and the next open deletes it.
 async fn delete_records(bucket: &SharedBucket, numbers: Vec<u64>) {
-    let deletes = futures::stream::iter(numbers)
-        .map(|n| {
+    let keys = numbers.into_iter().map(record_key).collect();
+    delete_needless(bucket, keys, "journal record").await;
+}
+
+/// Deletes objects the bucket no longer needs (journal and side records), 16 at a time; one
+/// that stays is ignored by every open and deleted by the next.
+pub(super) async fn delete_needless(bucket: &SharedBucket, keys: Vec<String>, what: &'static str) {
+    let deletes = futures::stream::iter(keys)
+        .map(|key| {
             let bucket = bucket.clone();
             async move {
-                if let Err(e) = bucket.delete(&record_key(n), DeleteMode::Garbage).await {
-                    tracing::warn!(record = n, error = %e, "could not delete a journal record the bucket no longer needs; the next open deletes it");
+                if let Err(e) = bucket.delete(&key, DeleteMode::Garbage).await {
+                    tracing::warn!(%key, error = %e, "could not delete a {what} the bucket no longer needs; the next open deletes it");
                 }
             }
         })

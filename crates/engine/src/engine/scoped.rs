@@ -46,6 +46,21 @@ pub struct Scope {
     pub key_ranges: Vec<(Vec<u8>, Vec<u8>)>,
 }
 
+impl Scope {
+    /// The scope of inode `ino`'s extents and of exactly the pairs `keys`.
+    pub fn with_keys(ino: u64, keys: impl IntoIterator<Item = Vec<u8>>) -> Scope {
+        let key_ranges = keys
+            .into_iter()
+            .map(|key| {
+                let mut end = key.clone();
+                end.push(0);
+                (key, end)
+            })
+            .collect();
+        Scope { ino, key_ranges }
+    }
+}
+
 /// Side records stored and not yet deleted, and the newest batch number the bucket holds.
 #[derive(Default)]
 pub(super) struct SideCtl {
@@ -300,17 +315,7 @@ impl Engine {
 /// Deletes side records; one that stays is numbered at most `COVERED_KEY`'s value, so no open
 /// applies it, and the next open deletes it.
 async fn delete_side_records(bucket: &SharedBucket, keys: Vec<String>) {
-    let deletes = futures::stream::iter(keys)
-        .map(|key| {
-            let bucket = bucket.clone();
-            async move {
-                if let Err(e) = bucket.delete(&key, DeleteMode::Garbage).await {
-                    tracing::warn!(%key, error = %e, "could not delete a side record the bucket no longer needs; the next open deletes it");
-                }
-            }
-        })
-        .buffer_unordered(16);
-    deletes.collect::<Vec<()>>().await;
+    super::journaled::delete_needless(bucket, keys, "side record").await;
 }
 
 #[cfg(test)]

@@ -14,13 +14,7 @@ fn size_key(ino: u64) -> Vec<u8> {
 }
 
 fn scope(ino: u64) -> Scope {
-    let start = size_key(ino);
-    let mut end = start.clone();
-    end.push(0);
-    Scope {
-        ino,
-        key_ranges: vec![(start, end)],
-    }
+    Scope::with_keys(ino, [size_key(ino)])
 }
 
 async fn open_scoped(w: &World) -> Engine {
