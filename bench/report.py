@@ -500,6 +500,8 @@ def conditions_text(res):
         parts.append("%s: %s" % (peer.get("name"), peer.get("command")))
     parts.append("%s; shared_buffers etc.: %s" % (s.get("postgres_version", "?"), ", ".join(
         x for x in s.get("postgresql_conf", []) if x.startswith(("shared_buffers", "max_wal_size")))))
+    if s.get("postgresql_extra"):
+        parts.append("added with --pg-setting: %s" % ", ".join(s["postgresql_extra"]))
     return parts
 
 
