@@ -310,9 +310,11 @@ run_bench() { # run_bench NAME TARGETS [BENCH_RUN_ARG...]
 
 run_rounds() {
     local results=$TEST_DIR/rounds rc=0
-    log "bench/rounds 2 --tiny --no-fio --targets local,bucketfs-file"
+    # A PostgreSQL setting of --pg-setting: every round's server must start with it, and record it.
+    log "bench/rounds 2 --tiny --no-fio --targets local,bucketfs-file --pg-setting commit_delay=10"
     timeout --kill-after=20 "$BENCH_TIMEOUT_S" "$REPO_ROOT/bench/rounds" 2 --tiny --no-fio \
-        --targets local,bucketfs-file --results "$results" >"$TEST_DIR/rounds.out" 2>&1 || rc=$?
+        --targets local,bucketfs-file --pg-setting commit_delay=10 --results "$results" \
+        >"$TEST_DIR/rounds.out" 2>&1 || rc=$?
     if ((rc != 0)); then
         tail -n 60 "$TEST_DIR/rounds.out" >&2
         die "bench/rounds exited $rc"
@@ -325,6 +327,8 @@ assert s["orders"] == [["local", "bucketfs-file"], ["bucketfs-file", "local"]], 
 for k in (1, 2):
     r = json.load(open(os.path.join(d, "round-%d" % k, "results.json")))
     assert r["settings"]["targets"] == s["orders"][k - 1], r["settings"]["targets"]
+    assert r["settings"]["postgresql_extra"] == ["commit_delay = 10"], r["settings"]["postgresql_extra"]
+    assert "commit_delay = 10" in r["settings"]["postgresql_conf"], r["settings"]["postgresql_conf"]
 figs = {f["figure"]: f for f in s["figures"] if f["kind"] == "pgbench"}
 assert set(figs) == {"init small", "rw-sync small", "rw-async small", "ro small"}, set(figs)
 for name, f in figs.items():
