@@ -2,13 +2,14 @@
 //!
 //! object_store's LocalFileSystem moves every request to a blocking thread and reopens the file
 //! each time; for 4 KiB random reads the context switches cost more than the read. Here ranged
-//! reads are `pread`s on cached file handles, done in place (objects are immutable and
-//! page-cached), while writes, which fsync, run on blocking threads. Every PUT is durable when
-//! it returns: the file and its directory are fsynced. Large objects are written with direct
-//! I/O: copying them into the page cache cost more CPU than sealing them, and the engine's own
-//! cache, not the kernel's, keeps what is worth keeping.
+//! reads are `pread`s on cached file handles, done in place when the page cache holds them and
+//! on a blocking thread when it does not (`pread`), while writes, which fsync, run on blocking
+//! threads. Every PUT is durable when it returns: the file and its directory are fsynced. Large
+//! objects are written with direct I/O: copying them into the page cache cost more CPU than
+//! sealing them, and the engine's own cache, not the kernel's, keeps what is worth keeping.
 
 use super::journal::{self, Journal, Ticket};
+use super::pread;
 use super::{Bucket, DeleteMode, ObjectInfo, PutMode, StoreError};
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -787,9 +788,9 @@ impl Bucket for LocalBucket {
             return Ok(data.slice(range.start as usize..range.end as usize));
         }
         let file = self.handle(key).map_err(|e| io_error(key, e))?;
-        let mut buf = vec![0u8; (range.end - range.start) as usize];
-        match file.read_exact_at(&mut buf, range.start) {
-            Ok(()) => Ok(Bytes::from(buf)),
+        let len = (range.end - range.start) as usize;
+        match pread::read_range(file, range.start, len).await {
+            Ok(buf) => Ok(Bytes::from(buf)),
             Err(e) if e.kind() == ErrorKind::UnexpectedEof => Err(beyond()),
             Err(e) => Err(io_error(key, e)),
         }

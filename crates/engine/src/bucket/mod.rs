@@ -8,6 +8,7 @@ mod crashable;
 mod faults;
 pub(crate) mod journal;
 mod local;
+mod pread;
 mod quorum;
 mod retry;
 mod store;
