@@ -29,6 +29,15 @@ impl ExtentBuffers {
         Arc::new(buf)
     }
 
+    /// A whole extent's buffer for a caller that overwrites all of it (an extent opened from
+    /// its frame): an evicted extent's, its old bytes still in it, else a new zeroed one.
+    /// Zeroing a fresh buffer for every extent read was 3 % of a cold sequential read's CPU.
+    pub fn overwritable(&self) -> Vec<u8> {
+        let mut buf = self.free.lock().pop().unwrap_or_default();
+        buf.resize(EXTENT_SIZE_BYTES, 0);
+        buf
+    }
+
     /// Takes back the buffers of extents that left the memory cache; those still referenced
     /// elsewhere (a reader's copy) are simply dropped by their last holder.
     pub fn give_back(&self, evicted: impl IntoIterator<Item = Arc<Vec<u8>>>) {
@@ -59,6 +68,21 @@ mod tests {
         let second = pool.copy_of(&[2u8; EXTENT_SIZE_BYTES]);
         assert_eq!(second.as_ptr(), address);
         assert!(second.iter().all(|&b| b == 2));
+    }
+
+    #[test]
+    fn an_overwritable_buffer_is_a_whole_extent_reused_or_new() {
+        let pool = ExtentBuffers::default();
+        let fresh = pool.overwritable();
+        assert_eq!(fresh.len(), EXTENT_SIZE_BYTES);
+        let first = pool.copy_of(&[3u8; EXTENT_SIZE_BYTES]);
+        let address = first.as_ptr();
+        pool.give_back([first]);
+        let reused = pool.overwritable();
+        assert_eq!(
+            (reused.as_ptr(), reused.len()),
+            (address, EXTENT_SIZE_BYTES)
+        );
     }
 
     #[test]

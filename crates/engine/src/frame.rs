@@ -167,6 +167,18 @@ pub fn codec(frame: &[u8]) -> Option<Codec> {
 }
 
 pub fn decode(sealer: &Sealer, ino: u64, index: u64, frame: &[u8]) -> Result<Vec<u8>, FrameError> {
+    decode_reusing(sealer, ino, index, frame, Vec::new)
+}
+
+/// `decode`, opening a frame stored plain into the buffer `spare` gives (a whole extent's,
+/// whose old bytes it overwrites or, on an error, drops unseen) rather than into new memory.
+pub fn decode_reusing(
+    sealer: &Sealer,
+    ino: u64,
+    index: u64,
+    frame: &[u8],
+    spare: impl FnOnce() -> Vec<u8>,
+) -> Result<Vec<u8>, FrameError> {
     let malformed = |why: &str| FrameError::Malformed {
         ino,
         index,
@@ -181,7 +193,9 @@ pub fn decode(sealer: &Sealer, ino: u64, index: u64, frame: &[u8]) -> Result<Vec
     // the decompressor reads.
     let plain = match Codec::from_byte(codec_byte) {
         Some(Codec::None) => {
-            let mut out = vec![0u8; Sealer::opened_len(sealed).map_err(unauthentic)?];
+            let len = Sealer::opened_len(sealed).map_err(unauthentic)?;
+            let mut out = spare();
+            out.resize(len, 0);
             sealer
                 .open_to_slice(&aad, sealed, &mut out)
                 .map_err(unauthentic)?;

@@ -36,8 +36,8 @@ pub const OBJECT_BUFFERS_KEPT: usize = UPLOADS_IN_FLIGHT_MAX + 2;
 /// for the batch before compression, several times its object, and held buffers drain the pool.
 pub const COPIED_OBJECT_BYTES_MAX: usize = crate::bucket::journal::JOURNAL_OBJECT_BYTES_MAX;
 
-/// Buffers of evicted extents kept for reuse by writes (extent_buffers.rs): 32 MiB, more than
-/// one log object of a write-heavy flush evicts at once.
+/// Buffers of evicted extents kept for reuse by writes and reads (extent_buffers.rs): 32 MiB,
+/// more than one log object of a write-heavy flush evicts at once.
 pub const EXTENT_BUFFERS_KEPT: usize = 4096;
 
 /// Plaintext bytes of point entries gathered into one block of a sorted run before it is sealed:

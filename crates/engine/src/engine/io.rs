@@ -138,9 +138,9 @@ impl Engine {
             if st.commit_gen != commit_gen {
                 return Ok(());
             }
-            for (index, data) in fetched {
-                st.clean.put((ino, index), data);
-            }
+            let evicted = self.keep_clean(&st, ino, fetched);
+            drop(st);
+            self.inner.extent_buffers.give_back(evicted);
         }
         Ok(())
     }
@@ -308,12 +308,13 @@ impl Engine {
                 .await
                 .map_err(|e| (e, commit_gen))?;
             let st = self.inner.state.read();
-            if st.commit_gen == commit_gen {
-                for (index, data) in &fetched {
-                    st.clean.put((ino, *index), data.clone());
-                }
-            }
+            let evicted = if st.commit_gen == commit_gen {
+                self.keep_clean(&st, ino, fetched.iter().cloned())
+            } else {
+                Vec::new()
+            };
             drop(st);
+            self.inner.extent_buffers.give_back(evicted);
             found.extend(fetched);
         }
         if !assemble {
@@ -331,6 +332,22 @@ impl Engine {
         }
         out.resize(length, 0);
         Ok(out)
+    }
+
+    /// Puts extents of `ino` fetched from the bucket in the memory tier; answers the extents
+    /// they pushed out, whose buffers the caller gives back to the pool once it has let go of
+    /// the state lock.
+    fn keep_clean(
+        &self,
+        st: &State,
+        ino: u64,
+        fetched: impl IntoIterator<Item = (u64, Arc<Vec<u8>>)>,
+    ) -> Vec<Arc<Vec<u8>>> {
+        fetched
+            .into_iter()
+            .filter_map(|(index, data)| st.clean.push((ino, index), data))
+            .map(|(_, out)| out)
+            .collect()
     }
 
     /// Fetches and decodes stored extents, coalescing neighbours in one log object into one GET.
@@ -437,7 +454,8 @@ impl Engine {
         let mut out = Vec::with_capacity(group.len());
         for ((index, _), frame) in group.iter().zip(frames) {
             let frame = frame.expect("every frame was filled above");
-            match frame::decode(&self.inner.sealer, ino, *index, &frame) {
+            let spare = || self.inner.extent_buffers.overwritable();
+            match frame::decode_reusing(&self.inner.sealer, ino, *index, &frame, spare) {
                 Ok(plain) => out.push((*index, Arc::new(plain))),
                 Err(e) => {
                     tracing::error!(object = %key, error = %e, "stored data failed verification; answering EIO");
