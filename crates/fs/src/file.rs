@@ -7,6 +7,7 @@ use crate::inode::{Inode, Kind, Time, S_IFMT, S_ISGID, S_ISUID};
 use crate::perm::{Caller, MAY_WRITE};
 use crate::{keys, Fs, FsError, FILE_SIZE_BYTES_MAX};
 use bucketfs_engine::limits::EXTENT_SIZE_BYTES_U64;
+use bytes::Bytes;
 
 /// What a setattr changes; `None` leaves a field alone.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -63,16 +64,32 @@ impl Fs {
         offset: u64,
         length: usize,
     ) -> Result<Vec<u8>, FsError> {
+        match self.readable(ino, offset, length).await? {
+            0 => Ok(Vec::new()),
+            n => Ok(self.engine.read(ino, offset, n).await?),
+        }
+    }
+
+    /// `read_file`'s bytes as pieces in order (the engine's `read_pieces`), for a reply that
+    /// is written with `writev`.
+    pub async fn read_file_pieces(
+        &self,
+        ino: u64,
+        offset: u64,
+        length: usize,
+    ) -> Result<Vec<Bytes>, FsError> {
+        match self.readable(ino, offset, length).await? {
+            0 => Ok(Vec::new()),
+            n => Ok(self.engine.read_pieces(ino, offset, n).await?),
+        }
+    }
+
+    /// How many of `length` bytes at `offset` of file `ino` there are to read.
+    async fn readable(&self, ino: u64, offset: u64, length: usize) -> Result<usize, FsError> {
         let inode = self.getattr(ino).await?;
         check_file(&inode)?;
         let end = offset.saturating_add(length as u64).min(inode.size_bytes);
-        if end <= offset {
-            return Ok(Vec::new());
-        }
-        Ok(self
-            .engine
-            .read(ino, offset, (end - offset) as usize)
-            .await?)
+        Ok(end.saturating_sub(offset) as usize)
     }
 
     /// Writes `data` at `offset` (at the end of the file when `append`), growing the file if

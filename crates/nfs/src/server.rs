@@ -225,7 +225,7 @@ async fn write_record<W: AsyncWrite + Unpin>(wr: &mut W, reply: Encoder) -> io::
     let mark = record_mark(reply.len());
     let parts = reply.into_parts();
     let mut slices: Vec<IoSlice<'_>> = std::iter::once(&mark[..])
-        .chain(parts.iter().map(Vec::as_slice))
+        .chain(parts.iter().map(|p| &p[..]))
         .map(IoSlice::new)
         .collect();
     let mut left = &mut slices[..];

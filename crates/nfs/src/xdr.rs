@@ -1,5 +1,6 @@
 //! XDR (RFC 4506): every item a multiple of 4 bytes, big-endian; variable-length opaque data
 //! and strings carry a 4-byte length and are padded with zeroes to a 4-byte boundary.
+use bytes::Bytes;
 
 /// Why a message could not be decoded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -116,7 +117,7 @@ const PART_BYTES_MIN: usize = 16 * 1024;
 #[derive(Default)]
 pub struct Encoder {
     /// The message's bytes before `buf`, in order: large data kept as it was handed over.
-    parts: Vec<Vec<u8>>,
+    parts: Vec<Bytes>,
     buf: Vec<u8>,
 }
 
@@ -164,8 +165,26 @@ impl Encoder {
     /// it is large.
     pub fn opaque_owned(&mut self, v: Vec<u8>) -> &mut Encoder {
         let pad = padding(v.len());
-        self.u32(v.len() as u32).part(v);
+        self.u32(v.len() as u32).part(Bytes::from(v));
         self.buf.resize(self.buf.len() + pad, 0);
+        self
+    }
+
+    /// Variable-length opaque data given as pieces in order (a READ's extents): as `opaque`
+    /// of their concatenation, each piece a part of its own unless all are small together.
+    pub fn opaque_pieces(&mut self, pieces: Vec<Bytes>) -> &mut Encoder {
+        let len: usize = pieces.iter().map(Bytes::len).sum();
+        self.u32(len as u32);
+        if len < PART_BYTES_MIN {
+            for p in &pieces {
+                self.buf.extend_from_slice(p);
+            }
+        } else {
+            for p in pieces {
+                self.push_part(p);
+            }
+        }
+        self.buf.resize(self.buf.len() + padding(len), 0);
         self
     }
 
@@ -178,26 +197,32 @@ impl Encoder {
     /// Another message's bytes after these, its large parts moved rather than copied.
     pub fn append(&mut self, other: Encoder) -> &mut Encoder {
         for p in other.parts {
-            self.part(p);
+            self.push_part(p);
         }
         self.buf.extend_from_slice(&other.buf);
         self
     }
 
-    fn part(&mut self, v: Vec<u8>) -> &mut Encoder {
+    /// `v` as a part of its own when large, else copied in.
+    fn part(&mut self, v: Bytes) -> &mut Encoder {
         if v.len() < PART_BYTES_MIN {
             self.buf.extend_from_slice(&v);
         } else {
-            if !self.buf.is_empty() {
-                self.parts.push(std::mem::take(&mut self.buf));
-            }
-            self.parts.push(v);
+            self.push_part(v);
         }
         self
     }
 
+    /// `v` as a part of its own, after the bytes encoded so far.
+    fn push_part(&mut self, v: Bytes) {
+        if !self.buf.is_empty() {
+            self.parts.push(Bytes::from(std::mem::take(&mut self.buf)));
+        }
+        self.parts.push(v);
+    }
+
     pub fn len(&self) -> usize {
-        self.parts.iter().map(Vec::len).sum::<usize>() + self.buf.len()
+        self.parts.iter().map(Bytes::len).sum::<usize>() + self.buf.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -210,16 +235,16 @@ impl Encoder {
             return self.buf;
         }
         let mut out = Vec::with_capacity(self.len());
-        for p in self.parts.iter().chain(std::iter::once(&self.buf)) {
+        for p in self.parts.iter().map(|p| &p[..]).chain([&self.buf[..]]) {
             out.extend_from_slice(p);
         }
         out
     }
 
     /// The message as the buffers it was built in, to be written one after another.
-    pub fn into_parts(mut self) -> Vec<Vec<u8>> {
+    pub fn into_parts(mut self) -> Vec<Bytes> {
         if !self.buf.is_empty() {
-            self.parts.push(self.buf);
+            self.parts.push(Bytes::from(self.buf));
         }
         self.parts
     }
@@ -266,10 +291,34 @@ mod tests {
         expected.extend(copied.into_bytes());
         assert_eq!(head.len(), expected.len());
         let parts = head.into_parts();
-        // The header and length, the data itself (not copied), the padding and what follows.
-        assert_eq!(parts.len(), 3);
-        assert_eq!(parts[1], big);
+        // The head, the message's header and length, the data itself (not copied), the
+        // padding and what follows: parts are moved as they are, never copied again.
+        assert_eq!(parts.len(), 4);
+        assert_eq!(parts[2], big);
         assert_eq!(parts.concat(), expected);
+    }
+
+    #[test]
+    fn pieces_stay_parts_of_their_own_unless_small_together() {
+        let pieces: Vec<Bytes> = (0..5u8)
+            .map(|i| Bytes::from(vec![i; PART_BYTES_MIN / 4 + 1]))
+            .collect();
+        let all = pieces.concat();
+        let (mut gathered, mut copied) = (Encoder::new(), Encoder::new());
+        gathered.u32(1).opaque_pieces(pieces.clone()).u32(2);
+        copied.u32(1).opaque(&all).u32(2);
+        assert_eq!(gathered.len(), copied.len());
+        let parts = gathered.into_parts();
+        // The header and length, each piece as it was, the padding and what follows.
+        assert_eq!(parts.len(), 7);
+        assert_eq!(parts[1..6], pieces[..]);
+        assert_eq!(parts.concat(), copied.into_bytes());
+        // Small together: one buffer.
+        let mut small = Encoder::new();
+        small.opaque_pieces(vec![Bytes::from_static(b"ab"), Bytes::from_static(b"cde")]);
+        let mut expected = Encoder::new();
+        expected.opaque(b"abcde");
+        assert_eq!(small.into_parts(), vec![Bytes::from(expected.into_bytes())]);
     }
 
     #[test]

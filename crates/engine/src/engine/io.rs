@@ -21,6 +21,30 @@ pub enum KvChange {
     DeleteRange(Vec<u8>, Vec<u8>),
 }
 
+/// Extents by index, in order.
+type Extents = Vec<(u64, Arc<Vec<u8>>)>;
+
+/// What `read_pieces` answers for holes, as slices of this.
+static ZEROES: [u8; EXTENT_SIZE_BYTES] = [0; EXTENT_SIZE_BYTES];
+
+/// An extent as the owner of a `Bytes` (which wants its owner to be `AsRef<[u8]>`).
+struct Shared(Arc<Vec<u8>>);
+
+impl AsRef<[u8]> for Shared {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+/// `count` zero bytes, as pieces of `ZEROES`.
+fn push_zeroes(out: &mut Vec<Bytes>, mut count: usize) {
+    while count > 0 {
+        let n = count.min(ZEROES.len());
+        out.push(Bytes::from_static(&ZEROES[..n]));
+        count -= n;
+    }
+}
+
 /// The part of extent `index` that `offset..offset+length` covers, as a byte range in the extent.
 pub(super) fn extent_span(index: u64, offset: u64, length: u64) -> (usize, usize) {
     let base = index * EXTENT_SIZE_BYTES_U64;
@@ -209,6 +233,51 @@ impl Engine {
     }
 
     pub async fn read(&self, ino: u64, offset: u64, length: usize) -> Result<Vec<u8>, EngineError> {
+        let extents = self.read_extents(ino, offset, length).await?;
+        // Each byte of the answer is written once, in order: the extents' bytes, and zeroes
+        // for the holes between them (a zero-filled buffer overwritten would write it twice).
+        let mut out = Vec::with_capacity(length);
+        for (index, data) in extents {
+            let (start, end) = extent_span(index, offset, length as u64);
+            let dst = (index * EXTENT_SIZE_BYTES_U64 + start as u64 - offset) as usize;
+            out.resize(dst, 0);
+            out.extend_from_slice(&data[start..end]);
+        }
+        out.resize(length, 0);
+        Ok(out)
+    }
+
+    /// `read`'s bytes as pieces in order, which together are `length` long: slices of the
+    /// extents themselves, and zeroes for holes. A reply written with `writev` then sends the
+    /// extents without first copying them into one buffer.
+    pub async fn read_pieces(
+        &self,
+        ino: u64,
+        offset: u64,
+        length: usize,
+    ) -> Result<Vec<Bytes>, EngineError> {
+        let extents = self.read_extents(ino, offset, length).await?;
+        let mut out = Vec::with_capacity(extents.len() + 1);
+        let mut at = 0;
+        for (index, data) in extents {
+            let (start, end) = extent_span(index, offset, length as u64);
+            let dst = (index * EXTENT_SIZE_BYTES_U64 + start as u64 - offset) as usize;
+            push_zeroes(&mut out, dst - at);
+            out.push(Bytes::from_owner(Shared(data)).slice(start..end));
+            at = dst + (end - start);
+        }
+        push_zeroes(&mut out, length - at);
+        Ok(out)
+    }
+
+    /// The extents that hold data in `offset..offset+length`, in order (holes left out),
+    /// with readahead when the reads of `ino` are sequential.
+    async fn read_extents(
+        &self,
+        ino: u64,
+        offset: u64,
+        length: usize,
+    ) -> Result<Extents, EngineError> {
         use futures::FutureExt;
         let ahead = self.inner.tuning.readahead_bytes;
         if ahead > 0 && length > 0 {
@@ -221,7 +290,7 @@ impl Engine {
                 let task = tokio::spawn(async move {
                     let length = (to - from) as usize;
                     let _ = engine
-                        .ride_out_reads(|| engine.read_current(ino, from, length, false))
+                        .ride_out_reads(|| engine.read_current(ino, from, length))
                         .await;
                 });
                 let done = async move {
@@ -234,21 +303,19 @@ impl Engine {
                 fetch.await;
             }
         }
-        self.ride_out_reads(|| self.read_current(ino, offset, length, true))
+        self.ride_out_reads(|| self.read_current(ino, offset, length))
             .await
     }
 
-    /// Reads the range; with `assemble` unset (readahead) it only brings its extents into the
-    /// memory cache and answers an empty buffer.
+    /// The extents of the range, in order; brings those it fetches into the memory cache.
     async fn read_current(
         &self,
         ino: u64,
         offset: u64,
         length: usize,
-        assemble: bool,
-    ) -> Result<Vec<u8>, EngineError> {
+    ) -> Result<Extents, EngineError> {
         loop {
-            match self.read_once(ino, offset, length, assemble).await {
+            match self.read_once(ino, offset, length).await {
                 // The log object was collected after its extents were overwritten while this read
                 // was under way: look the extents up again.
                 Err((EngineError::Store(StoreError::NotFound(_)), commit_gen))
@@ -263,8 +330,7 @@ impl Engine {
         ino: u64,
         offset: u64,
         length: usize,
-        assemble: bool,
-    ) -> Result<Vec<u8>, (EngineError, u64)> {
+    ) -> Result<Extents, (EngineError, u64)> {
         if length == 0 {
             return Ok(Vec::new());
         }
@@ -317,21 +383,8 @@ impl Engine {
             self.inner.extent_buffers.give_back(evicted);
             found.extend(fetched);
         }
-        if !assemble {
-            return Ok(Vec::new());
-        }
-        // Each byte of the answer is written once, in order: the extents' bytes, and zeroes
-        // for the holes between them (a zero-filled buffer overwritten would write it twice).
         found.sort_unstable_by_key(|(index, _)| *index);
-        let mut out = Vec::with_capacity(length);
-        for (index, data) in found {
-            let (start, end) = extent_span(index, offset, length as u64);
-            let dst = (index * EXTENT_SIZE_BYTES_U64 + start as u64 - offset) as usize;
-            out.resize(dst, 0);
-            out.extend_from_slice(&data[start..end]);
-        }
-        out.resize(length, 0);
-        Ok(out)
+        Ok(found)
     }
 
     /// Puts extents of `ino` fetched from the bucket in the memory tier; answers the extents

@@ -41,6 +41,49 @@ async fn writes_read_back_at_odd_offsets_and_holes_read_zero() {
     assert_eq!(e2.read(1, 12_340, 10).await.unwrap()[..5], [0; 5]);
 }
 
+/// `read_pieces` answers `read`'s bytes: from memory and from the bucket, across holes longer
+/// than an extent and within extents, at offsets that cut extents anywhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pieces_are_the_bytes_a_read_answers() {
+    let w = world();
+    let e = open(&w).await;
+    let x = EXTENT_SIZE_BYTES as u64;
+    let a = pattern(4, 2 * EXTENT_SIZE_BYTES + 300);
+    e.write(1, 3 * x + 50, a.len() as u64, Fill::Data(&a))
+        .await
+        .unwrap();
+    e.write(1, 9 * x + 7, 5, Fill::Data(b"fives"))
+        .await
+        .unwrap();
+    let ranges = [
+        (0, 12 * x),
+        (3 * x + 49, 3),
+        (100, 5 * x),
+        (6 * x - 1, 4 * x),
+        (20 * x, 10),
+    ];
+    async fn same(e: &Engine, ranges: &[(u64, u64)]) {
+        for &(at, len) in ranges {
+            let pieces = e.read_pieces(1, at, len as usize).await.unwrap();
+            assert!(
+                pieces.iter().all(|p| !p.is_empty()),
+                "{at}+{len}: an empty piece"
+            );
+            assert_eq!(
+                pieces.concat(),
+                e.read(1, at, len as usize).await.unwrap(),
+                "{at}+{len}"
+            );
+        }
+    }
+    same(&e, &ranges).await;
+    e.flush().await.unwrap();
+    crash(&w, e).await;
+    let e2 = open(&w).await;
+    same(&e2, &ranges).await;
+    assert!(e2.read_pieces(1, 5, 0).await.unwrap().is_empty());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crash_without_flush_loses_only_unflushed_writes_whole() {
     let w = world();

@@ -362,12 +362,13 @@ impl Nfs3Program {
             return Ok(());
         }
         let count = count.min(IO_BYTES_MAX) as usize;
-        match self.fs.read_file(i.ino, offset, count).await {
+        match self.fs.read_file_pieces(i.ino, offset, count).await {
             Ok(data) => {
-                let eof = offset.saturating_add(data.len() as u64) >= i.size_bytes;
+                let len: usize = data.iter().map(|p| p.len()).sum();
+                let eof = offset.saturating_add(len as u64) >= i.size_bytes;
                 out.u32(NFS3_OK);
                 post_op(out, Some(&i));
-                out.u32(data.len() as u32).bool(eof).opaque_owned(data);
+                out.u32(len as u32).bool(eof).opaque_pieces(data);
             }
             Err(e) => {
                 out.u32(Nfs3Error::from(&e).0);
