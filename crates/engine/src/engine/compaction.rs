@@ -15,7 +15,7 @@
 
 use super::*;
 use crate::lsm::merge::Source;
-use crate::lsm::{Entry, RangeDelete};
+use crate::lsm::{Entry, RangeSet};
 use crate::meta::BottomSweep;
 
 /// Part numbers share a run's seal id with its id (`logobj::run_seal_id`, below 2^24): past
@@ -27,7 +27,7 @@ const RUN_PARTS_REWRITE_AT: u32 = 1 << 20;
 #[derive(Clone, Copy)]
 enum Parts<'a> {
     Bottom { only: bool },
-    Delta(&'a [RangeDelete]),
+    Delta(&'a RangeSet),
 }
 
 /// A part of the bottom run, with its first key (none: the part is empty).
@@ -347,13 +347,10 @@ impl Engine {
             sources.extend(readers.iter().map(|r| Source::Run(r.as_ref())));
             // A range deletion of any merged run hides the runs below them all; the merged
             // run's points are newer than every one of them (the merge leaves out the hidden).
-            let mut ranges: Vec<RangeDelete> = sources
-                .iter()
-                .flat_map(|s| s.range_deletes())
-                .cloned()
-                .collect();
-            ranges.sort();
-            ranges.dedup();
+            let mut ranges = RangeSet::new();
+            for s in &sources {
+                ranges.extend_from(s.range_deletes());
+            }
             let (infos, readers, bytes) = self
                 .merge_parts(&sources, &[], None, seq, 0, Parts::Delta(&ranges))
                 .await?;
@@ -425,7 +422,7 @@ impl Engine {
         parts: Parts<'_>,
     ) -> Result<(Vec<RunInfo>, Vec<Arc<RunReader>>, u64), EngineError> {
         let (keep_empty, bottom, ranges) = match parts {
-            Parts::Bottom { only } => (only, true, &[][..]),
+            Parts::Bottom { only } => (only, true, &crate::lsm::ranges::EMPTY),
             Parts::Delta(ranges) => (true, false, ranges),
         };
         let part_bytes = self.inner.tuning.run_part_bytes;
@@ -459,7 +456,11 @@ impl Engine {
                 last.push(0);
                 start = last;
             }
-            let object = w.finish(if part == first_part { ranges } else { &[] });
+            let object = w.finish(if part == first_part {
+                ranges
+            } else {
+                &crate::lsm::ranges::EMPTY
+            });
             let info = RunInfo {
                 id,
                 part,

@@ -24,8 +24,8 @@ pub(super) struct Batch {
     pub(super) kv: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
     /// Extent index ranges `from..to` cut, per inode.
     pub(super) extent_cuts: BTreeMap<u64, Vec<(u64, u64)>>,
-    /// Key ranges `start..end` cut.
-    pub(super) kv_cuts: Vec<(Vec<u8>, Vec<u8>)>,
+    /// Key ranges `start..end` cut, as the keys they cover.
+    pub(super) kv_cuts: crate::lsm::RangeSet,
     pub(super) gen: u64,
     /// With journaled barriers (engine/journaled.rs): the number of the newest frozen batch
     /// this one holds, 0 for none.
@@ -48,9 +48,7 @@ impl Batch {
     }
 
     pub(super) fn cuts_key(&self, key: &[u8]) -> bool {
-        self.kv_cuts
-            .iter()
-            .any(|(start, end)| start.as_slice() <= key && key < end.as_slice())
+        self.kv_cuts.covers(key)
     }
 
     /// Whether the batch changes the extent, by an entry or a cut.
@@ -64,8 +62,8 @@ impl Batch {
             .kv_cuts
             .iter()
             .map(|(start, end)| MetaOp::KvDeleteRange {
-                start: start.clone(),
-                end: end.clone(),
+                start: start.to_vec(),
+                end: end.to_vec(),
             });
         let extents = self.extent_cuts.iter().flat_map(|(ino, cuts)| {
             cuts.iter()
@@ -85,8 +83,8 @@ impl Batch {
     /// one: `later`'s cuts remove what this one holds in their ranges (as `State::cut_kv` and
     /// `State::cut_extents` do in `pending`), then its entries replace this one's.
     pub(super) fn absorb(&mut self, later: Batch) {
-        for (start, end) in later.kv_cuts {
-            self.cut_kv(start, end);
+        for (start, end) in later.kv_cuts.iter() {
+            self.cut_kv(start.to_vec(), end.to_vec());
         }
         for (ino, cuts) in later.extent_cuts {
             for (from, to) in cuts {
@@ -123,7 +121,7 @@ impl Batch {
         for k in doomed {
             self.kv.remove(&k);
         }
-        self.kv_cuts.push((start, end));
+        self.kv_cuts.insert(start, end);
     }
 }
 
@@ -270,13 +268,9 @@ impl State {
             return end.to_vec();
         };
         let upper = run_key::parse_kv(end).map_or(Bound::Unbounded, Bound::Excluded);
-        type Layer<'a> = (
-            &'a BTreeMap<Vec<u8>, Option<Vec<u8>>>,
-            &'a [(Vec<u8>, Vec<u8>)],
-        );
-        let mut layers: Vec<Layer<'_>> = self
+        let mut layers: Vec<crate::meta::KvLayer<'_>> = self
             .newest_first()
-            .map(|b| (&b.kv, b.kv_cuts.as_slice()))
+            .map(|b| (&b.kv, &b.kv_cuts))
             .collect();
         layers.extend(self.committed.kv_layers());
         let mut heads: Vec<_> = layers
@@ -295,10 +289,7 @@ impl State {
             // The newest layer that has the key, or cuts it, decides.
             let is_live = layers.iter().find_map(|(kv, cuts)| match kv.get(key) {
                 Some(v) => Some(v.is_some()),
-                None => cuts
-                    .iter()
-                    .any(|(s, e)| s <= key && key < e)
-                    .then_some(false),
+                None => cuts.covers(key).then_some(false),
             });
             if is_live == Some(true) {
                 live += 1;
@@ -320,13 +311,13 @@ impl State {
 /// A batch's entries among run keys `start..end`. Extents hold no pointer yet: a written one
 /// is a put with an empty value.
 fn batch_run(batch: &Batch, start: &[u8], end: &[u8]) -> MemRun {
-    use crate::lsm::{Entry, RangeDelete};
+    use crate::lsm::Entry;
     use crate::meta::run_key;
     let inside = |k: &[u8]| start <= k && k < end;
     let mut run = MemRun::default();
     let mut range = |s: Vec<u8>, e: Vec<u8>| {
         if s.as_slice() < end && start < e.as_slice() {
-            run.ranges.push(RangeDelete { start: s, end: e });
+            run.ranges.insert(s, e);
         }
     };
     for (ino, cuts) in &batch.extent_cuts {
@@ -334,7 +325,7 @@ fn batch_run(batch: &Batch, start: &[u8], end: &[u8]) -> MemRun {
             range(run_key::extent(*ino, from), run_key::extent(*ino, to));
         }
     }
-    for (s, e) in &batch.kv_cuts {
+    for (s, e) in batch.kv_cuts.iter() {
         range(run_key::kv(s), run_key::kv(e));
     }
     match (run_key::parse_extent(start), run_key::parse_kv(start)) {

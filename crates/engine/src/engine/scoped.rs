@@ -102,12 +102,10 @@ impl Batch {
             for (k, v) in self.kv.range(start.clone()..end.clone()) {
                 out.kv.insert(k.clone(), v.clone());
             }
-            for (cut_start, cut_end) in &self.kv_cuts {
-                let from = cut_start.max(start);
-                let to = cut_end.min(end);
-                if from < to {
-                    out.kv_cuts.push((from.clone(), to.clone()));
-                }
+            for (cut_start, cut_end) in self.kv_cuts.overlapping(start, Some(end)) {
+                let from = cut_start.max(start.as_slice());
+                let to = cut_end.min(end.as_slice());
+                out.kv_cuts.insert(from.to_vec(), to.to_vec());
             }
         }
         out
@@ -340,7 +338,7 @@ mod tests {
         b.extent_cuts.insert(2, vec![(3, 9)]);
         b.kv.insert(b"a1".to_vec(), Some(vec![1]));
         b.kv.insert(b"a2".to_vec(), None);
-        b.kv_cuts.push((b"a".to_vec(), b"b".to_vec()));
+        b.kv_cuts.insert(b"a".to_vec(), b"b".to_vec());
         let scope = Scope {
             ino: 2,
             key_ranges: vec![(b"a2".to_vec(), b"a3".to_vec())],
@@ -352,6 +350,9 @@ mod tests {
             w.kv.keys().cloned().collect::<Vec<_>>(),
             vec![b"a2".to_vec()]
         );
-        assert_eq!(w.kv_cuts, vec![(b"a2".to_vec(), b"a3".to_vec())]);
+        assert_eq!(
+            w.kv_cuts.iter().collect::<Vec<_>>(),
+            vec![(&b"a2"[..], &b"a3"[..])]
+        );
     }
 }

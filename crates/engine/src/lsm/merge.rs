@@ -5,7 +5,7 @@
 
 use super::cache::Block;
 use super::run::RunReader;
-use super::{Entry, MemRun, RangeDelete, RunError};
+use super::{Entry, MemRun, RangeSet, RunError};
 use std::collections::btree_map;
 use std::iter::Peekable;
 
@@ -17,7 +17,7 @@ pub enum Source<'a> {
 }
 
 impl<'a> Source<'a> {
-    pub fn range_deletes(&self) -> &'a [RangeDelete] {
+    pub fn range_deletes(&self) -> &'a RangeSet {
         match self {
             Source::Run(r) => r.range_deletes(),
             Source::Mem(m) => &m.ranges,
@@ -42,7 +42,7 @@ pub fn runs(runs: &[RunReader]) -> Vec<Source<'_>> {
 fn deleted_by(newer: &[Source<'_>], key: &[u8]) -> bool {
     newer
         .iter()
-        .any(|s| s.range_deletes().iter().any(|r| r.covers(key)))
+        .any(|s| s.range_deletes().covers(key))
 }
 
 /// The value of `key`, looking through `sources` (newest first).
@@ -283,7 +283,7 @@ pub async fn compact_in(
     sources: &[Source<'_>],
     bottom: bool,
     keep: impl Fn(&[u8]) -> bool,
-) -> Result<(Vec<(Vec<u8>, Entry)>, Vec<RangeDelete>), RunError> {
+) -> Result<(Vec<(Vec<u8>, Entry)>, RangeSet), RunError> {
     let mut entries = Vec::new();
     merge(sources, &[], None, |key, entry| {
         if !(bottom && entry == Entry::Delete) && keep(&key) {
@@ -292,17 +292,12 @@ pub async fn compact_in(
         true
     })
     .await?;
-    let ranges = if bottom {
-        Vec::new()
-    } else {
-        let mut all: Vec<RangeDelete> = sources
-            .iter()
-            .flat_map(|s| s.range_deletes().iter().cloned())
-            .collect();
-        all.sort();
-        all.dedup();
-        all
-    };
+    let mut ranges = RangeSet::new();
+    if !bottom {
+        for s in sources {
+            ranges.extend_from(s.range_deletes());
+        }
+    }
     Ok((entries, ranges))
 }
 
@@ -311,6 +306,6 @@ pub async fn compact_in(
 pub async fn compact(
     runs_: &[RunReader],
     bottom: bool,
-) -> Result<(Vec<(Vec<u8>, Entry)>, Vec<RangeDelete>), RunError> {
+) -> Result<(Vec<(Vec<u8>, Entry)>, RangeSet), RunError> {
     compact_in(&runs(runs_), bottom, |_| true).await
 }

@@ -11,26 +11,16 @@
 
 pub mod cache;
 pub mod merge;
+pub mod ranges;
 pub mod run;
+
+pub use ranges::RangeSet;
 
 /// What a run says about one key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Entry {
     Put(Vec<u8>),
     Delete,
-}
-
-/// A range deletion: every key in `start..end` of older runs.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub struct RangeDelete {
-    pub start: Vec<u8>,
-    pub end: Vec<u8>,
-}
-
-impl RangeDelete {
-    pub fn covers(&self, key: &[u8]) -> bool {
-        self.start.as_slice() <= key && key < self.end.as_slice()
-    }
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -55,7 +45,8 @@ pub enum RunError {
 #[derive(Debug, Default, Clone)]
 pub struct MemRun {
     pub points: std::collections::BTreeMap<Vec<u8>, Entry>,
-    pub ranges: Vec<RangeDelete>,
+    /// The range deletions, as the keys they cover.
+    pub ranges: RangeSet,
 }
 
 impl MemRun {
@@ -82,7 +73,7 @@ impl MemRun {
         for k in doomed {
             self.points.remove(&k);
         }
-        self.ranges.push(RangeDelete { start, end });
+        self.ranges.insert(start, end);
     }
 }
 

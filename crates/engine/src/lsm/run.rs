@@ -14,7 +14,7 @@
 //! block: one ranged GET.
 
 use super::cache::{Block, BlockCache};
-use super::{Entry, RangeDelete, RunError};
+use super::{Entry, RangeSet, RunError};
 use crate::bucket::SharedBucket;
 use crate::cache::{DiskCache, Space};
 use crate::crypto::Sealer;
@@ -76,7 +76,7 @@ pub fn encode(
     sealer: &Sealer,
     run_id: u64,
     entries: impl IntoIterator<Item = (Vec<u8>, Entry)>,
-    ranges: &[RangeDelete],
+    ranges: &RangeSet,
 ) -> Vec<u8> {
     let mut w = RunWriter::new(sealer, run_id);
     for (key, entry) in entries {
@@ -182,7 +182,7 @@ impl<'a> RunWriter<'a> {
     }
 
     /// The run's object, with `ranges` as its range deletions.
-    pub fn finish(mut self, ranges: &[RangeDelete]) -> Vec<u8> {
+    pub fn finish(mut self, ranges: &RangeSet) -> Vec<u8> {
         if !self.plain.is_empty() {
             self.flush();
         }
@@ -195,10 +195,9 @@ impl<'a> RunWriter<'a> {
             put_key(&mut index, &b.last_key);
         }
         index.extend_from_slice(&(ranges.len() as u32).to_le_bytes());
-        for r in ranges {
-            assert!(r.start < r.end, "a range deletion is not empty");
-            put_key(&mut index, &r.start);
-            put_key(&mut index, &r.end);
+        for (start, end) in ranges.iter() {
+            put_key(&mut index, start);
+            put_key(&mut index, end);
         }
         index.extend_from_slice(&self.count.to_le_bytes());
         let mut out = self.out;
@@ -337,7 +336,7 @@ pub struct RunReader {
     /// disk, not fetched again from the bucket.
     disk: Option<Arc<DiskCache>>,
     blocks: Vec<BlockRef>,
-    ranges: Vec<RangeDelete>,
+    ranges: RangeSet,
     entry_count: u64,
 }
 
@@ -443,16 +442,14 @@ impl RunReader {
             blocks.push(b);
         }
         let range_count = r.u32().ok_or_else(bad_index)?;
-        let mut ranges = Vec::new();
+        let mut ranges = RangeSet::new();
         for _ in 0..range_count {
-            let range = RangeDelete {
-                start: r.key().ok_or_else(bad_index)?,
-                end: r.key().ok_or_else(bad_index)?,
-            };
-            if range.start >= range.end {
+            let start = r.key().ok_or_else(bad_index)?;
+            let end = r.key().ok_or_else(bad_index)?;
+            if start >= end {
                 return Err(bad_index());
             }
-            ranges.push(range);
+            ranges.insert(start, end);
         }
         let entry_count = r.u64().ok_or_else(bad_index)?;
         if !r.done() {
@@ -483,14 +480,10 @@ impl RunReader {
             .iter()
             .map(|b| 48 + b.first_key.len() + b.last_key.len())
             .sum::<usize>()
-            + self
-                .ranges
-                .iter()
-                .map(|r| 48 + r.start.len() + r.end.len())
-                .sum::<usize>()
+            + self.ranges.memory_bytes()
     }
 
-    pub fn range_deletes(&self) -> &[RangeDelete] {
+    pub fn range_deletes(&self) -> &RangeSet {
         &self.ranges
     }
 

@@ -56,7 +56,7 @@ async fn write_run(
     sealer: &Arc<Sealer>,
     run_id: u64,
     points: Vec<(Vec<u8>, Entry)>,
-    ranges: Vec<super::RangeDelete>,
+    ranges: super::RangeSet,
 ) -> RunReader {
     let bytes = encode(sealer, run_id, points, &ranges);
     let name = format!("run/{run_id:020}");
@@ -171,7 +171,7 @@ async fn large_runs_span_many_blocks_and_a_lookup_reads_one() {
         );
     }
     let points: Vec<(Vec<u8>, Entry)> = mem.points.into_iter().collect();
-    let bytes = encode(&sealer, 7, points, &[]);
+    let bytes = encode(&sealer, 7, points, &super::ranges::EMPTY);
     let size = bytes.len() as u64;
     bucket
         .put("run/7", bytes.into(), PutMode::Create)
@@ -210,7 +210,7 @@ async fn damaged_runs_are_errors_never_wrong_data() {
         mem.put(key(k), value(k, k));
     }
     let points: Vec<(Vec<u8>, Entry)> = mem.points.into_iter().collect();
-    let good = encode(&sealer, 3, points, &[]);
+    let good = encode(&sealer, 3, points, &super::ranges::EMPTY);
     let size = good.len() as u64;
     // A flipped byte in a block: that block's lookups fail, the run still opens.
     let mut bad = good.clone();

@@ -7,7 +7,7 @@
 
 use super::objects::Deltas;
 use super::{run_key, ExtentPtr};
-use crate::lsm::{Entry, MemRun, RangeDelete};
+use crate::lsm::{Entry, MemRun, RangeSet};
 use std::collections::{BTreeMap, BTreeSet};
 
 type ExtentItem<'a> = (&'a (u64, u64), &'a Option<ExtentPtr>);
@@ -20,7 +20,8 @@ pub struct MemTable {
     pub(super) kv: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
     /// Extent index ranges `from..to` cut, per inode.
     pub(super) extent_cuts: BTreeMap<u64, Vec<(u64, u64)>>,
-    pub(super) kv_cuts: Vec<(Vec<u8>, Vec<u8>)>,
+    /// Key ranges cut, as the keys they cover.
+    pub(super) kv_cuts: RangeSet,
     /// Extents whose pointer in an older layer this interval replaced or cleared: the objects
     /// those pointers point into are debited when the interval is checkpointed, once the older
     /// pointer is looked up (docs/0003, "Live bytes per log object").
@@ -56,9 +57,7 @@ impl MemTable {
     }
 
     pub(super) fn cuts_key(&self, key: &[u8]) -> bool {
-        self.kv_cuts
-            .iter()
-            .any(|(start, end)| start.as_slice() <= key && key < end.as_slice())
+        self.kv_cuts.covers(key)
     }
 
     pub fn extent(&self, ino: u64, index: u64) -> Here<ExtentPtr> {
@@ -83,18 +82,35 @@ impl MemTable {
         let inside = |k: &[u8]| bounds.is_none_or(|(s, e)| s <= k && k < e);
         let overlaps = |s: &[u8], e: &[u8]| bounds.is_none_or(|(bs, be)| s < be && bs < e);
         let mut run = MemRun::default();
-        for (ino, cuts) in &self.extent_cuts {
+        // Only the cuts that may reach into the bounds are looked at: there is one per file
+        // removed in the interval, and a read of one file's extents builds this.
+        type Cuts<'a> = Box<dyn Iterator<Item = (&'a u64, &'a Vec<(u64, u64)>)> + 'a>;
+        let extent_cuts: Cuts<'_> = match bounds {
+            None => Box::new(self.extent_cuts.iter()),
+            Some((s, e)) => match run_key::extent_inodes(s, e) {
+                Some(inodes) => Box::new(self.extent_cuts.range(inodes)),
+                None => Box::new(std::iter::empty()),
+            },
+        };
+        for (ino, cuts) in extent_cuts {
             for &(from, to) in cuts {
                 let (s, e) = (run_key::extent(*ino, from), run_key::extent(*ino, to));
                 if overlaps(&s, &e) {
-                    run.ranges.push(RangeDelete { start: s, end: e });
+                    run.ranges.insert(s, e);
                 }
             }
         }
-        for (start, end) in &self.kv_cuts {
+        let kv_cuts: Box<dyn Iterator<Item = (&[u8], &[u8])>> = match bounds {
+            None => Box::new(self.kv_cuts.iter()),
+            Some((s, e)) => match run_key::kv_window(s, e) {
+                Some((from, to)) => Box::new(self.kv_cuts.overlapping(from, to)),
+                None => Box::new(std::iter::empty()),
+            },
+        };
+        for (start, end) in kv_cuts {
             let (s, e) = (run_key::kv(start), run_key::kv(end));
             if overlaps(&s, &e) {
-                run.ranges.push(RangeDelete { start: s, end: e });
+                run.ranges.insert(s, e);
             }
         }
         let extents: Box<dyn Iterator<Item = ExtentItem<'_>>> = match bounds

@@ -11,7 +11,7 @@ mod state;
 
 pub use mem::Here;
 pub use objects::{ObjectTable, OBJECT_BYTES};
-pub use state::{resolve, table_after, Base, BottomSweep, Frozen, MetaState};
+pub use state::{resolve, table_after, Base, BottomSweep, Frozen, KvLayer, MetaState};
 
 /// How the metadata is keyed in runs (docs/format.md, "Runs"): extents first, so that loading a
 /// run stack in key order sets them before the lz4 marks that need their objects live.
@@ -89,6 +89,50 @@ pub mod run_key {
     /// The first run key after every extent key.
     pub fn extents_end() -> Vec<u8> {
         vec![EXTENT + 1]
+    }
+
+    /// The keys after `prefix` of the run keys in `start..end` that begin with it: a window
+    /// `from..to` of them (`to` `None`: unbounded), or `None` when there are none.
+    fn window<'a>(
+        prefix: u8,
+        start: &'a [u8],
+        end: &'a [u8],
+    ) -> Option<(&'a [u8], Option<&'a [u8]>)> {
+        let from: &[u8] = match start.split_first() {
+            Some((&p, rest)) if p == prefix => rest,
+            Some((&p, _)) if p > prefix => return None,
+            _ => &[],
+        };
+        let to = match end.split_first() {
+            Some((&p, rest)) if p == prefix => Some(rest),
+            Some((&p, _)) if p > prefix => None,
+            _ => return None,
+        };
+        match to {
+            Some(to) if from >= to => None,
+            _ => Some((from, to)),
+        }
+    }
+
+    /// The key-value keys of the run keys in `start..end`, as a window `from..to` (`to`
+    /// `None`: unbounded); `None` when there are none.
+    pub fn kv_window<'a>(start: &'a [u8], end: &'a [u8]) -> Option<(&'a [u8], Option<&'a [u8]>)> {
+        window(KV, start, end)
+    }
+
+    /// The inodes that have extent keys in `start..end`, or more of them: `None` when no
+    /// extent key is in it.
+    pub fn extent_inodes(start: &[u8], end: &[u8]) -> Option<std::ops::RangeInclusive<u64>> {
+        // The first 8 bytes of a key, padded with zeros: at most the inode of any extent key
+        // at or after it.
+        let ino = |rest: &[u8]| {
+            let mut b = [0u8; 8];
+            let n = rest.len().min(8);
+            b[..n].copy_from_slice(&rest[..n]);
+            u64::from_be_bytes(b)
+        };
+        let (from, to) = window(EXTENT, start, end)?;
+        Some(ino(from)..=to.map_or(u64::MAX, ino))
     }
 
     fn u64_at(b: &[u8]) -> u64 {
@@ -310,6 +354,59 @@ pub fn decode_ops(buf: &[u8]) -> Result<Vec<MetaOp>, DecodeError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_windows_of_run_key_bounds_hold_every_key_inside_them() {
+        // Bounds of every kind (extent keys, key-value keys, lz4 marks, the ends of each
+        // space) against keys of every kind: a key inside the bounds is inside the window.
+        let mut keys: Vec<Vec<u8>> = vec![vec![], b"A".to_vec(), b"E".to_vec(), b"K".to_vec()];
+        for ino in [0, 1, 7, 255, 256, u64::MAX] {
+            for index in [0, 3, u64::MAX] {
+                keys.push(run_key::extent(ino, index));
+            }
+        }
+        for k in [&b""[..], b"a", b"a\0", b"b", b"\xff"] {
+            keys.push(run_key::kv(k));
+        }
+        keys.extend([
+            run_key::extents_end(),
+            run_key::kv_bounds(b"", None).1,
+            b"Z\0\0\0\0\0\0\0\x01".to_vec(),
+            b"\xff".to_vec(),
+            b"E\x01".to_vec(),
+        ]);
+        for start in &keys {
+            for end in &keys {
+                let inodes = run_key::extent_inodes(start, end);
+                let kv = run_key::kv_window(start, end);
+                for key in keys.iter().filter(|k| start <= *k && *k < end) {
+                    if let Some((ino, _)) = run_key::parse_extent(key) {
+                        assert!(
+                            inodes.as_ref().is_some_and(|r| r.contains(&ino)),
+                            "{key:?} in {start:?}..{end:?}: {inodes:?}"
+                        );
+                    }
+                    if let Some(raw) = run_key::parse_kv(key) {
+                        assert!(
+                            kv.is_some_and(|(from, to)| from <= raw && to.is_none_or(|to| raw < to)),
+                            "{key:?} in {start:?}..{end:?}: {kv:?}"
+                        );
+                    }
+                }
+            }
+        }
+        // And the windows are not wider than asked.
+        assert_eq!(run_key::kv_window(b"E", b"K"), None);
+        assert_eq!(
+            run_key::kv_window(&run_key::kv(b"a"), &run_key::kv(b"c")),
+            Some((&b"a"[..], Some(&b"c"[..])))
+        );
+        assert_eq!(
+            run_key::extent_inodes(&run_key::extent(5, 0), &run_key::extent(9, 0)),
+            Some(5..=9)
+        );
+        assert_eq!(run_key::extent_inodes(&run_key::kv(b""), b"\xff"), None);
+    }
 
     #[test]
     fn ops_round_trip_and_garbage_is_rejected() {

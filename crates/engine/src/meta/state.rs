@@ -85,7 +85,7 @@ impl Base {
 /// One layer's key-value pairs (a deletion is `None`) and its cuts.
 pub type KvLayer<'a> = (
     &'a std::collections::BTreeMap<Vec<u8>, Option<Vec<u8>>>,
-    &'a [(Vec<u8>, Vec<u8>)],
+    &'a crate::lsm::RangeSet,
 );
 
 /// An interval of changes being checkpointed, as of log object `seq`.
@@ -186,7 +186,7 @@ impl MetaState {
                 for k in doomed {
                     self.mem.kv.remove(&k);
                 }
-                self.mem.kv_cuts.push((start.clone(), end.clone()));
+                self.mem.kv_cuts.insert(start.clone(), end.clone());
             }
             MetaOp::HoldsLz4 { seq } => {
                 // Only a live object is worth re-sealing (its frames may all have been
@@ -253,7 +253,7 @@ impl MetaState {
 
     /// The key-value pairs and key cuts of the layers in memory, newest first.
     pub fn kv_layers(&self) -> impl Iterator<Item = KvLayer<'_>> {
-        self.memory_layers().map(|m| (&m.kv, m.kv_cuts.as_slice()))
+        self.memory_layers().map(|m| (&m.kv, &m.kv_cuts))
     }
 
     /// The layers in memory as runs restricted to run keys `start..end`, newest first.
