@@ -556,6 +556,18 @@ impl Shared {
     }
 
     async fn run_op(self: Arc<Self>, id: u64, key: String, kind: OpKind) {
+        if matches!(
+            kind,
+            OpKind::Put {
+                mode: PutMode::Overwrite,
+                ..
+            }
+        ) {
+            // An earlier create of this key may still have its journal record: released when
+            // its upload finished, but durably only at the next settle. Replayed after a crash
+            // over these bytes, it would look like a second writer's and stop the open.
+            self.settle_releases().await;
+        }
         let mut delay = RETRY_FIRST;
         loop {
             let result = match &kind {
@@ -586,6 +598,22 @@ impl Shared {
         self.finish(id, &key, kind).await;
     }
 
+    /// Makes the journal's released records durably gone. Targets that could not drop theirs
+    /// are left out, and a new epoch keeps the next open from reading them.
+    async fn settle_releases(&self) {
+        let Some(journal) = self.journal.lock().clone() else {
+            return;
+        };
+        if !journal.settle().await.is_empty() {
+            let mut identity = journal.identity();
+            identity.epoch += 1;
+            journal.advance_epoch(identity.clone()).await;
+            if let Err(e) = write_marker(&self.remote, &identity).await {
+                tracing::error!(error = %e, "could not record in the bucket that journal targets were left out; they would be read at the next start");
+            }
+        }
+    }
+
     /// The operation is in the remote bucket: free its journal record (durably before a
     /// durable delete is acknowledged) and tell whoever waits.
     async fn finish(&self, id: u64, key: &str, kind: OpKind) {
@@ -600,18 +628,10 @@ impl Shared {
         if let (Some(journal), Some(ticket)) = (&journal, ticket) {
             journal.release(ticket).await;
         }
-        if let (Some(journal), OpKind::Delete(DeleteMode::Durable)) = (&journal, &kind) {
+        if let OpKind::Delete(DeleteMode::Durable) = &kind {
             // Earlier records of this key were released when their PUTs finished; make that
-            // durable, so that no restart brings the object back. Targets that could not are
-            // left out, and a new epoch keeps the next open from reading them.
-            if !journal.settle().await.is_empty() {
-                let mut identity = journal.identity();
-                identity.epoch += 1;
-                journal.advance_epoch(identity.clone()).await;
-                if let Err(e) = write_marker(&self.remote, &identity).await {
-                    tracing::error!(error = %e, "could not record in the bucket that journal targets were left out; they would be read at the next start");
-                }
-            }
+            // durable, so that no restart brings the object back.
+            self.settle_releases().await;
         }
         let done = {
             let mut st = self.state.lock();
@@ -1155,6 +1175,78 @@ mod tests {
             slow.inner.list("log/").await.unwrap().len(),
             JOURNAL_BACKLOG_OBJECTS_MAX + 1
         );
+    }
+
+    /// A run replaced in the same life (a checkpoint retried after it stored its run) must
+    /// not leave the first create's record behind: replayed after a crash over the new bytes,
+    /// it stopped the open as a second writer's (crash test, seed 157 of a release build). So
+    /// an overwrite lands only once earlier releases are durable: here the targets drop
+    /// records slowly, and none is left when the overwrite returns.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_overwrite_lands_only_after_the_records_of_earlier_creates_are_gone() {
+        use crate::bucket::{Fault, FaultyBucket};
+        let remote = open_url("memory://", &Vec::new()).unwrap();
+        // The targets' own buckets, read past the faults.
+        let inner: Vec<SharedBucket> = (0..2)
+            .map(|_| open_url("memory://", &Vec::new()).unwrap())
+            .collect();
+        let stores: Vec<Arc<FaultyBucket>> = inner
+            .iter()
+            .map(|i| Arc::new(FaultyBucket::new(i.clone())))
+            .collect();
+        let b = JournaledBucket::new(
+            remote.clone(),
+            JournalTier {
+                targets: stores
+                    .iter()
+                    .enumerate()
+                    .map(|(i, s)| TargetSpec::Store {
+                        url: format!("memory://target-{i}"),
+                        bucket: s.clone(),
+                    })
+                    .collect(),
+                write_quorum: 2,
+                accept_loss: false,
+                bucket_url: "memory://unit".into(),
+                ring_bytes: None,
+                stop_wait: None,
+            },
+        );
+        b.begin_writing().await.unwrap();
+        // Every request to the targets, the dropping of records included, takes 300 ms.
+        for s in &stores {
+            s.set(Fault::Delay(Duration::from_millis(300)));
+        }
+        b.put("run/7", Bytes::from_static(b"first"), PutMode::Create)
+            .await
+            .unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while remote.get("run/7").await.is_err() {
+            assert!(tokio::time::Instant::now() < deadline, "the create never landed");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        assert!(matches!(
+            b.put("run/7", Bytes::from_static(b"second"), PutMode::Create)
+                .await,
+            Err(StoreError::AlreadyExists(_))
+        ));
+        b.put("run/7", Bytes::from_static(b"second"), PutMode::Overwrite)
+            .await
+            .unwrap();
+        for (i, s) in inner.iter().enumerate() {
+            assert!(
+                s.list("journal/records/").await.unwrap().is_empty(),
+                "target {i} still holds the first create's record"
+            );
+        }
+        assert_eq!(
+            remote.get("run/7").await.unwrap(),
+            Bytes::from_static(b"second")
+        );
+        for s in &stores {
+            s.set(Fault::None);
+        }
+        b.end_writing().await.unwrap();
     }
 
     /// A target that cannot drop the record of an object deleted durably would bring the
