@@ -993,6 +993,32 @@ mod tests {
         (dir, slow, b)
     }
 
+    /// A journaled bucket over `remote` whose targets are the object stores `stores`.
+    fn journaled_over_stores(
+        remote: SharedBucket,
+        stores: &[Arc<crate::bucket::FaultyBucket>],
+        write_quorum: usize,
+    ) -> JournaledBucket {
+        JournaledBucket::new(
+            remote,
+            JournalTier {
+                targets: stores
+                    .iter()
+                    .enumerate()
+                    .map(|(i, s)| TargetSpec::Store {
+                        url: format!("memory://target-{i}"),
+                        bucket: s.clone(),
+                    })
+                    .collect(),
+                write_quorum,
+                accept_loss: false,
+                bucket_url: "memory://unit".into(),
+                ring_bytes: None,
+                stop_wait: None,
+            },
+        )
+    }
+
     /// A run left in the bucket by a crashed process (no manifest names it) meets a new run of
     /// the same key: the create is refused with AlreadyExists, as by the bucket itself, so the
     /// engine replaces it; the journal's uploads go on. (Taken by the journal, it failed at its
@@ -1194,24 +1220,7 @@ mod tests {
             .iter()
             .map(|i| Arc::new(FaultyBucket::new(i.clone())))
             .collect();
-        let b = JournaledBucket::new(
-            remote.clone(),
-            JournalTier {
-                targets: stores
-                    .iter()
-                    .enumerate()
-                    .map(|(i, s)| TargetSpec::Store {
-                        url: format!("memory://target-{i}"),
-                        bucket: s.clone(),
-                    })
-                    .collect(),
-                write_quorum: 2,
-                accept_loss: false,
-                bucket_url: "memory://unit".into(),
-                ring_bytes: None,
-                stop_wait: None,
-            },
-        );
+        let b = journaled_over_stores(remote.clone(), &stores, 2);
         b.begin_writing().await.unwrap();
         // Every request to the targets, the dropping of records included, takes 300 ms.
         for s in &stores {
@@ -1222,7 +1231,10 @@ mod tests {
             .unwrap();
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         while remote.get("run/7").await.is_err() {
-            assert!(tokio::time::Instant::now() < deadline, "the create never landed");
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the create never landed"
+            );
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
         assert!(matches!(
@@ -1265,24 +1277,7 @@ mod tests {
                 ))
             })
             .collect();
-        let b = JournaledBucket::new(
-            remote.clone(),
-            JournalTier {
-                targets: stores
-                    .iter()
-                    .enumerate()
-                    .map(|(i, s)| TargetSpec::Store {
-                        url: format!("memory://target-{i}"),
-                        bucket: s.clone(),
-                    })
-                    .collect(),
-                write_quorum: 2,
-                accept_loss: false,
-                bucket_url: "memory://unit".into(),
-                ring_bytes: None,
-                stop_wait: None,
-            },
-        );
+        let b = journaled_over_stores(remote.clone(), &stores, 2);
         b.begin_writing().await.unwrap();
         let epoch = |body: Bytes| serde_json::from_slice::<Identity>(&body).unwrap().epoch;
         assert_eq!(epoch(remote.get(JOURNAL_MARKER_KEY).await.unwrap()), 1);

@@ -268,10 +268,8 @@ impl State {
             return end.to_vec();
         };
         let upper = run_key::parse_kv(end).map_or(Bound::Unbounded, Bound::Excluded);
-        let mut layers: Vec<crate::meta::KvLayer<'_>> = self
-            .newest_first()
-            .map(|b| (&b.kv, &b.kv_cuts))
-            .collect();
+        let mut layers: Vec<crate::meta::KvLayer<'_>> =
+            self.newest_first().map(|b| (&b.kv, &b.kv_cuts)).collect();
         layers.extend(self.committed.kv_layers());
         let mut heads: Vec<_> = layers
             .iter()

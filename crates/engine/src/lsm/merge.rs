@@ -40,9 +40,7 @@ pub fn runs(runs: &[RunReader]) -> Vec<Source<'_>> {
 
 /// Whether a range deletion of one of `newer` covers `key`.
 fn deleted_by(newer: &[Source<'_>], key: &[u8]) -> bool {
-    newer
-        .iter()
-        .any(|s| s.range_deletes().covers(key))
+    newer.iter().any(|s| s.range_deletes().covers(key))
 }
 
 /// The value of `key`, looking through `sources` (newest first).

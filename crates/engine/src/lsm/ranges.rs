@@ -72,7 +72,9 @@ impl RangeSet {
 
     /// The ranges in key order.
     pub fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> + '_ {
-        self.by_start.iter().map(|(s, e)| (s.as_slice(), e.as_slice()))
+        self.by_start
+            .iter()
+            .map(|(s, e)| (s.as_slice(), e.as_slice()))
     }
 
     /// The ranges that share a key with `start..end` (`end` `None`: to the last key), in key
@@ -92,8 +94,10 @@ impl RangeSet {
                 .filter(move |(_, e)| e.as_slice() > start)
         });
         let inside = window.into_iter().flat_map(move |(start, end)| {
-            self.by_start
-                .range::<[u8], _>((Bound::Included(start), end.map_or(Bound::Unbounded, Bound::Excluded)))
+            self.by_start.range::<[u8], _>((
+                Bound::Included(start),
+                end.map_or(Bound::Unbounded, Bound::Excluded),
+            ))
         });
         before
             .into_iter()
@@ -195,7 +199,11 @@ mod tests {
                 set.insert(s.clone(), e.clone());
                 model.push((s, e));
             }
-            let covered = |k: &[u8]| model.iter().any(|(s, e)| s.as_slice() <= k && k < e.as_slice());
+            let covered = |k: &[u8]| {
+                model
+                    .iter()
+                    .any(|(s, e)| s.as_slice() <= k && k < e.as_slice())
+            };
             for k in &alphabet {
                 assert_eq!(set.covers(k), covered(k), "key {k:?} in {model:?}");
             }
