@@ -279,6 +279,11 @@ impl Collector for Sample {
                 "Checkpoints of the metadata written.",
                 s.checkpoints_written,
             ),
+            (
+                "bucketfs_side_record_extents_left_out",
+                "Extents a side record of an fsync left out because the file's earlier side record holds them (docs/0006, Durability).",
+                s.side_record_extents_left_out,
+            ),
         ];
         for (name, help, value) in counters {
             single(e, name, help, Counter, |m| counter(m, value))?;

@@ -156,6 +156,8 @@ struct Tally {
     /// changed both inodes together.
     scoped_barriers: u64,
     scoped_by_side_record: u64,
+    /// Extents side records left out, their inode's earlier side record holding them.
+    side_extents_left_out: u64,
     shared_txns: u64,
     /// Named checkpoints created, and checked read-only against the state they were made at.
     pins_created: u64,
@@ -544,7 +546,10 @@ async fn live(
             }
             // A scoped barrier: once it returns, the inode's state must survive.
             78..=87 => {
-                let sides = e.stats().scoped_barriers_side;
+                let (sides, left_out) = {
+                    let s = e.stats();
+                    (s.scoped_barriers_side, s.side_record_extents_left_out)
+                };
                 let scope = scope(ino);
                 tokio::select! {
                     r = e.scoped_flush(&scope) => r.map_err(|e| format!("scoped barrier failed: {e}"))?,
@@ -555,7 +560,9 @@ async fn live(
                 }
                 scoped[(ino - 1) as usize] = history.len() - 1;
                 tally.scoped_barriers += 1;
-                tally.scoped_by_side_record += e.stats().scoped_barriers_side - sides;
+                let s = e.stats();
+                tally.scoped_by_side_record += s.scoped_barriers_side - sides;
+                tally.side_extents_left_out += s.side_record_extents_left_out - left_out;
                 continue;
             }
             // A barrier: once it returns, everything before it must survive.

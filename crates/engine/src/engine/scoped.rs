@@ -13,6 +13,12 @@
 //! barrier refuses the side path (and takes the full barrier) while any unflushed transaction
 //! changed the scope together with anything else (`Txn::shared_by`), such as a rename.
 //! A side record the bucket's log has caught up with is deleted.
+//!
+//! A side record holds only the extents that changed since the scope's newest stored record
+//! the log has not caught up with (its base), so that a file fsynced again and again beside a
+//! long upload does not rewrite all its unflushed data each time. An open applies the base
+//! before it, or finds its extents in the prefix. A scope with a cut among its unflushed
+//! changes gets a whole record, since a cut applied again would remove what the base holds.
 
 use super::*;
 
@@ -61,6 +67,9 @@ impl Scope {
     }
 }
 
+/// Bases kept at most; a scope beyond them gets whole records.
+const SIDE_BASES_MAX: usize = 4096;
+
 /// Side records stored and not yet deleted, and the newest batch number the bucket holds.
 #[derive(Default)]
 pub(super) struct SideCtl {
@@ -68,16 +77,50 @@ pub(super) struct SideCtl {
     covered: u64,
     /// The last (number, id) handed out.
     last: (u64, u64),
+    /// Per scope (inode), its newest stored side record the log has not caught up with.
+    bases: HashMap<u64, SideBase>,
+}
+
+/// What an open rebuilds of a scope from the side records up to one stored record: the
+/// scope's unflushed extents and pairs when that record was planned. Holding the extents'
+/// buffers keeps them from being reused, so an unchanged extent is the same allocation.
+pub(super) struct SideBase {
+    at: (u64, u64),
+    extents: HashMap<u64, Dirty>,
+    kv: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+}
+
+impl SideBase {
+    fn of(at: (u64, u64), within: &Batch) -> SideBase {
+        SideBase {
+            at,
+            extents: within
+                .extents
+                .iter()
+                .map(|(&(_, index), d)| (index, d.clone()))
+                .collect(),
+            kv: within.kv.clone(),
+        }
+    }
+}
+
+/// Whether two entries of the same extent are the same write (the same buffer).
+fn same_entry(a: &Dirty, b: &Dirty) -> bool {
+    match (a, b) {
+        (Dirty::Data(x), Dirty::Data(y)) | (Dirty::Moved(x), Dirty::Moved(y)) => Arc::ptr_eq(x, y),
+        (Dirty::Hole, Dirty::Hole) => true,
+        _ => false,
+    }
 }
 
 /// What a scoped barrier found.
 enum Plan {
-    /// Nothing of the scope is unflushed.
+    /// Nothing of the scope is unflushed, or nothing changed since a stored side record.
     Clean,
     /// Take the full barrier.
     Full,
-    /// Store this batch as side record (number, id).
-    Side(u64, u64, Batch),
+    /// Store this batch as side record (number, id); the scope's base once it is stored.
+    Side(u64, u64, Batch, Box<SideBase>),
 }
 
 impl Batch {
@@ -141,7 +184,7 @@ impl Engine {
                 c.scoped_barriers_full.fetch_add(1, Ordering::Relaxed);
                 self.flush().await
             }
-            Plan::Side(number, id, batch) => {
+            Plan::Side(number, id, batch, base) => {
                 let key = side_key(number, id);
                 let codec = self.codec_for(batch.extents.len(), Waiting::Client);
                 let (record, _) = self
@@ -154,7 +197,7 @@ impl Engine {
                     .await;
                 match stored {
                     Ok(()) => {
-                        self.side_record_written(number, id);
+                        self.side_record_written(scope.ino, *base);
                         c.scoped_barriers_side.fetch_add(1, Ordering::Relaxed);
                         tracing::debug!(
                             ino = scope.ino,
@@ -206,9 +249,24 @@ impl Engine {
         if id >= SIDE_IDS_PER_NUMBER {
             return Plan::Full;
         }
+        let base = Box::new(SideBase::of((number, id), &within));
+        let prior = side.bases.get(&scope.ino).filter(|b| b.at.0 > side.covered);
+        if let Some(prior) = prior.filter(|_| !within.extent_cuts.contains_key(&scope.ino)) {
+            let all = within.extents.len();
+            within.extents.retain(|&(_, index), d| {
+                !prior.extents.get(&index).is_some_and(|p| same_entry(p, d))
+            });
+            if within.extents.is_empty() && within.kv == prior.kv && within.kv_cuts.is_empty() {
+                return Plan::Clean;
+            }
+            self.inner
+                .counters
+                .side_record_extents_left_out
+                .fetch_add((all - within.extents.len()) as u64, Ordering::Relaxed);
+        }
         side.last = (number, id);
         within.gen = st.write_gen;
-        Plan::Side(number, id, within)
+        Plan::Side(number, id, within, base)
     }
 
     /// Notes a transaction that changed several scopes together (under the state lock, with
@@ -227,7 +285,8 @@ impl Engine {
         }
     }
 
-    fn side_record_written(&self, number: u64, id: u64) {
+    fn side_record_written(&self, ino: u64, base: SideBase) {
+        let (number, id) = base.at;
         let mut side = self.inner.side.lock();
         if number <= side.covered {
             // The bucket caught up while the record was stored: its DELETE follows its PUT.
@@ -236,6 +295,11 @@ impl Engine {
             return;
         }
         side.written.insert((number, id));
+        // Records of one scope may land out of order; the newest planned is the base.
+        let newer = side.bases.get(&ino).is_none_or(|b| b.at < base.at);
+        if newer && (side.bases.len() < SIDE_BASES_MAX || side.bases.contains_key(&ino)) {
+            side.bases.insert(ino, base);
+        }
     }
 
     /// The bucket now holds every batch numbered up to `covered`: their side records go.
@@ -243,6 +307,8 @@ impl Engine {
         let doomed: Vec<String> = {
             let mut side = self.inner.side.lock();
             side.covered = side.covered.max(covered);
+            let covered = side.covered;
+            side.bases.retain(|_, b| b.at.0 > covered);
             let keep = side.written.split_off(&(covered + 1, 0));
             std::mem::replace(&mut side.written, keep)
                 .into_iter()

@@ -82,6 +82,8 @@ pub struct EngineStats {
     pub scoped_barriers_side: u64,
     pub scoped_barriers_full: u64,
     pub scoped_barriers_clean: u64,
+    /// Extents a side record left out because the inode's earlier side record holds them.
+    pub side_record_extents_left_out: u64,
     /// Bottom parts merged with the deltas by sweeps (engine/compaction.rs), and sweeps that
     /// passed over every key.
     pub bottom_parts_merged: u64,
@@ -112,6 +114,7 @@ pub(super) struct Counters {
     pub(super) scoped_barriers_side: AtomicU64,
     pub(super) scoped_barriers_full: AtomicU64,
     pub(super) scoped_barriers_clean: AtomicU64,
+    pub(super) side_record_extents_left_out: AtomicU64,
     pub(super) bottom_parts_merged: AtomicU64,
     pub(super) bottom_sweeps_finished: AtomicU64,
     pub(super) delta_runs_merged: AtomicU64,
@@ -187,6 +190,7 @@ impl Engine {
             scoped_barriers_side: c.scoped_barriers_side.load(Ordering::Relaxed),
             scoped_barriers_full: c.scoped_barriers_full.load(Ordering::Relaxed),
             scoped_barriers_clean: c.scoped_barriers_clean.load(Ordering::Relaxed),
+            side_record_extents_left_out: c.side_record_extents_left_out.load(Ordering::Relaxed),
             bottom_parts_merged: c.bottom_parts_merged.load(Ordering::Relaxed),
             bottom_sweeps_finished: c.bottom_sweeps_finished.load(Ordering::Relaxed),
             delta_runs_merged: c.delta_runs_merged.load(Ordering::Relaxed),

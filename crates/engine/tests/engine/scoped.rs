@@ -154,3 +154,116 @@ async fn a_side_record_the_log_caught_up_with_is_never_applied_again() {
     assert!(side_keys(&w).await.is_empty());
     e.close().await.unwrap();
 }
+
+/// Bytes that do not compress, so that a side record's size says how many extents it holds.
+fn noise(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// The sizes of the side records stored, in the order of their keys.
+async fn side_sizes(w: &World) -> Vec<usize> {
+    let mut sizes = Vec::new();
+    for key in side_keys(w).await {
+        sizes.push(w.bucket.get(&key).await.unwrap().len());
+    }
+    sizes
+}
+
+/// SMALL's extent `index` rewritten whole, with its size pair, as one transaction.
+async fn write_extent(e: &Engine, index: u64, data: &[u8], size: u64) {
+    let mut txn = Txn::new();
+    txn.write(SMALL, index * EXTENT as u64, data.to_vec())
+        .put(size_key(SMALL), size.to_le_bytes().to_vec());
+    e.commit(&txn).await.unwrap();
+}
+
+const EXTENT: usize = bucketfs_engine::limits::EXTENT_SIZE_BYTES;
+
+/// Compares without printing megabytes: names the first extent that differs.
+fn assert_bytes(got: &[u8], expected: &[u8]) {
+    assert_eq!(got.len(), expected.len());
+    if let Some(at) = (0..got.len()).find(|&i| got[i] != expected[i]) {
+        panic!("bytes differ from offset {at} (extent {})", at / EXTENT);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn side_records_after_the_first_hold_what_changed_and_an_open_rebuilds_the_whole() {
+    let w = world();
+    let e = open_scoped(&w).await;
+    let stuck = bulk_stuck(&w, &e).await;
+    let mut expected = noise(1, 16 * EXTENT);
+    write_extent(&e, 0, &expected, expected.len() as u64).await;
+    e.scoped_flush(&scope(SMALL)).await.unwrap();
+    for (i, index) in [3u64, 7, 3, 12].into_iter().enumerate() {
+        let data = noise(10 + i as u64, EXTENT);
+        let at = index as usize * EXTENT;
+        expected[at..at + EXTENT].copy_from_slice(&data);
+        write_extent(&e, index, &data, expected.len() as u64).await;
+        e.scoped_flush(&scope(SMALL)).await.unwrap();
+    }
+    // Nothing changed since the last record: nothing to store.
+    let clean = e.stats().scoped_barriers_clean;
+    e.scoped_flush(&scope(SMALL)).await.unwrap();
+    assert_eq!(e.stats().scoped_barriers_clean, clean + 1);
+    let sizes = side_sizes(&w).await;
+    assert_eq!(sizes.len(), 5, "{sizes:?}");
+    assert!(sizes[0] > 16 * EXTENT, "{sizes:?}");
+    assert!(
+        sizes[1..].iter().all(|&s| s > EXTENT && s < 2 * EXTENT),
+        "each later record holds the one extent that changed: {sizes:?}"
+    );
+    crash(&w, e).await;
+    w.faults.set(Fault::None);
+    stuck.abort();
+
+    let e = open_scoped(&w).await;
+    assert_bytes(&e.read(SMALL, 0, 16 * EXTENT).await.unwrap(), &expected);
+    assert!(side_keys(&w).await.is_empty());
+    e.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_among_a_scopes_unflushed_changes_makes_its_next_side_record_whole() {
+    let w = world();
+    let e = open_scoped(&w).await;
+    let stuck = bulk_stuck(&w, &e).await;
+    // Written, truncated to 4 extents, then written again up to 12: the first record holds
+    // the cut and the 12 extents written after it.
+    let mut expected = noise(2, 16 * EXTENT);
+    write_extent(&e, 0, &expected, expected.len() as u64).await;
+    e.drop_extents_from(SMALL, 4).unwrap();
+    expected.truncate(4 * EXTENT);
+    let tail = noise(4, 8 * EXTENT);
+    expected.extend_from_slice(&tail);
+    write_extent(&e, 4, &tail, expected.len() as u64).await;
+    e.scoped_flush(&scope(SMALL)).await.unwrap();
+    // Had the second record held only the extent rewritten here, the cut it carries too
+    // would remove, at open, the 8 extents the first record wrote after that cut.
+    let data = noise(3, EXTENT);
+    expected[2 * EXTENT..3 * EXTENT].copy_from_slice(&data);
+    write_extent(&e, 2, &data, expected.len() as u64).await;
+    e.scoped_flush(&scope(SMALL)).await.unwrap();
+    let sizes = side_sizes(&w).await;
+    assert_eq!(sizes.len(), 2, "{sizes:?}");
+    assert!(sizes[1] > 12 * EXTENT, "{sizes:?}");
+    crash(&w, e).await;
+    w.faults.set(Fault::None);
+    stuck.abort();
+
+    let e = open_scoped(&w).await;
+    assert_bytes(&e.read(SMALL, 0, 12 * EXTENT).await.unwrap(), &expected);
+    assert_bytes(
+        &e.read(SMALL, 12 * EXTENT as u64, 4 * EXTENT).await.unwrap(),
+        &[0; 4 * EXTENT],
+    );
+    e.close().await.unwrap();
+}
