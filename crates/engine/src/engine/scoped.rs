@@ -67,8 +67,10 @@ impl Scope {
     }
 }
 
-/// Bases kept at most; a scope beyond them gets whole records.
-const SIDE_BASES_MAX: usize = 4096;
+/// Bases kept at most; a scope beyond them gets whole records. A base keeps alive at most
+/// `Tuning::scoped_barrier_bytes_max` of buffers that later writes replaced (1 MiB by default),
+/// so this bounds that memory (64 MiB by default, half of `DIRTY_BYTES_MAX`).
+const SIDE_BASES_MAX: usize = 64;
 
 /// Side records stored and not yet deleted, and the newest batch number the bucket holds.
 #[derive(Default)]
