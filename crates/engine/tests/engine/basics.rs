@@ -6,7 +6,7 @@ use bucketfs_engine::{Engine, EngineError, EngineOptions, Fill, KeyError, KvChan
 use proptest::prelude::*;
 
 use crate::common::{
-    crash, flush_past_a_checkpoint, flush_until_checkpoints, log_keys, open, pattern,
+    crash, flush_past_a_checkpoint, flush_until_checkpoints, log_keys, noise, open, pattern,
     wait_until_deleted, world, World,
 };
 use std::sync::Arc;
@@ -772,19 +772,6 @@ async fn lz4_frames_younger_than_reseal_after_are_left_alone() {
     }
     assert_eq!(e.stats().extents_resealed, 0, "{:?}", e.stats());
     assert!(e.read(3, 0, len).await.unwrap() == pattern(7, len));
-}
-
-/// Incompressible bytes (xorshift64), so that stored sizes are those of real data.
-fn noise(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 /// Writes 2048 extents of inode 4 in one flush (one or two large objects), then overwrites three

@@ -121,6 +121,19 @@ pub async fn log_keys(w: &World) -> Vec<String> {
     objects.into_iter().map(|o| o.key).collect()
 }
 
+/// Incompressible bytes (xorshift64), so that stored sizes are those of real data.
+pub fn noise(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
 pub fn pattern(seed: u8, len: usize) -> Vec<u8> {
     (0..len)
         .map(|i| seed.wrapping_add((i % 251) as u8))

@@ -1,7 +1,7 @@
 //! Scoped barriers (engine/scoped.rs): an fsync of one inode that does not wait for another
 //! inode's data stuck on its way to the bucket, and what a crash leaves of both.
 
-use crate::common::{crash, pattern, world, World};
+use crate::common::{crash, noise, pattern, world, World};
 use bucketfs_engine::bucket::Fault;
 use bucketfs_engine::{Engine, EngineOptions, Fill, Scope, Tuning, Txn};
 use std::time::Duration;
@@ -153,19 +153,6 @@ async fn a_side_record_the_log_caught_up_with_is_never_applied_again() {
     assert_eq!(e.read(BULK, 0, 1 << 20).await.unwrap(), pattern(9, 1 << 20));
     assert!(side_keys(&w).await.is_empty());
     e.close().await.unwrap();
-}
-
-/// Bytes that do not compress, so that a side record's size says how many extents it holds.
-fn noise(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 /// The sizes of the side records stored, in the order of their keys.
