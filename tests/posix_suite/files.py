@@ -201,6 +201,23 @@ def _(d):
     assert mode_of(f"{d}/f") == 0o2666, oct(mode_of(f"{d}/f"))
 
 
+# security.capability granting cap_net_raw (struct vfs_cap_data, revision 2, effective).
+FILE_CAPS = (0x02000001).to_bytes(4, "little") + (1 << 13).to_bytes(4, "little") + bytes(12)
+
+
+@case("write: drops the file's capabilities, also when set after an earlier write")
+def _(d):
+    # The first write finds no capabilities: a client that remembers that must forget it
+    # when the capabilities are set.
+    touch(f"{d}/f", 0o755)
+    with open(f"{d}/f", "r+b", buffering=0) as f:
+        f.write(b"x")
+        os.setxattr(f"{d}/f", "security.capability", FILE_CAPS)
+        assert os.getxattr(f"{d}/f", "security.capability") == FILE_CAPS
+        f.write(b"y")
+    fails(errno.ENODATA, os.getxattr, f"{d}/f", "security.capability")
+
+
 # ---- truncate, ftruncate --------------------------------------------------------------------
 
 

@@ -549,7 +549,7 @@ impl Filesystem for Mount {
         reply: ReplyEmpty,
     ) {
         let ino = self.to_server(ino);
-        self.default_acl_changed(ino, name.as_bytes());
+        self.xattr_changed(ino, name.as_bytes());
         let r = self.fid(req.uid(), ino).and_then(|f| {
             self.call(|c| c.xattr_set(f, name.as_bytes(), Some(value), flags as u32))
         });
@@ -568,9 +568,16 @@ impl Filesystem for Mount {
         reply: ReplyXattr,
     ) {
         let ino = self.to_server(ino);
+        let caps = name.as_bytes() == CAPS_XATTR;
+        if caps && self.no_caps(ino) {
+            return reply.error(libc::ENODATA);
+        }
         let r = self
             .fid(req.uid(), ino)
             .and_then(|f| self.call(|c| c.xattr_get(f, name.as_bytes())));
+        if caps {
+            self.caps_read(ino, &r);
+        }
         reply_xattr(r, size, reply);
     }
 
@@ -584,7 +591,7 @@ impl Filesystem for Mount {
 
     fn removexattr(&mut self, req: &Request<'_>, ino: u64, name: &OsStr, reply: ReplyEmpty) {
         let ino = self.to_server(ino);
-        self.default_acl_changed(ino, name.as_bytes());
+        self.xattr_changed(ino, name.as_bytes());
         let r = self
             .fid(req.uid(), ino)
             .and_then(|f| self.call(|c| c.xattr_set(f, name.as_bytes(), None, 0)));

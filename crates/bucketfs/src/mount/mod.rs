@@ -110,6 +110,7 @@ const IO_WORKERS: usize = 16;
 
 /// The attribute of a directory's default POSIX ACL.
 const ACL_XATTR_DEFAULT: &[u8] = b"system.posix_acl_default";
+const CAPS_XATTR: &[u8] = b"security.capability";
 
 struct Node {
     parent: u64,
@@ -117,6 +118,8 @@ struct Node {
     lookups: u64,
     /// Whether the directory had a default ACL, and when that was asked (`Mount::create_mode`).
     default_acl: Option<(bool, Instant)>,
+    /// When the server last answered that the file has no capabilities (`Mount::no_caps`).
+    no_caps: Option<Instant>,
 }
 
 struct Handle {
@@ -136,6 +139,7 @@ pub struct Mount {
     /// What `create_mode` learnt of the root's default ACL (other directories keep it in
     /// their `Node`).
     root_default_acl: Option<(bool, Instant)>,
+    root_no_caps: Option<Instant>,
     nodes: HashMap<u64, Node>,
     fids: HashMap<(u32, u64), u32>,
     handles: HashMap<u64, Handle>,
@@ -163,6 +167,7 @@ impl Mount {
             client: Some(Arc::new(client)),
             root: qid.path,
             root_default_acl: None,
+            root_no_caps: None,
             nodes: HashMap::new(),
             fids: HashMap::new(),
             handles: HashMap::new(),
@@ -275,6 +280,7 @@ impl Mount {
             name: name.to_vec(),
             lookups: 0,
             default_acl: None,
+            no_caps: None,
         });
         node.lookups += 1;
         node.parent = parent;
@@ -320,13 +326,44 @@ impl Mount {
         }
     }
 
-    /// Forgets what `create_mode` learnt of `ino`'s default ACL, after this mount changed it.
-    fn default_acl_changed(&mut self, ino: u64, name: &[u8]) {
+    /// Forgets what `create_mode` learnt of `ino`'s default ACL, or `no_caps` of its
+    /// capabilities, after this mount changed them.
+    fn xattr_changed(&mut self, ino: u64, name: &[u8]) {
         if name == ACL_XATTR_DEFAULT {
             if let Some(slot) = self.default_acl_slot(ino) {
                 *slot = None;
             }
         }
+        if name == CAPS_XATTR {
+            if let Some(slot) = self.no_caps_slot(ino) {
+                *slot = None;
+            }
+        }
+    }
+
+    /// The kernel asks for a file's capabilities before every write (to drop them), three
+    /// round trips each time, on the thread that takes every request from the kernel. The
+    /// answer "none" is trusted as long as attributes are (`Cache::ttl`), as other clients'
+    /// changes of attributes are: not at all with `cache=none`.
+    fn no_caps(&mut self, ino: u64) -> bool {
+        let ttl = self.cache.ttl();
+        self.no_caps_slot(ino)
+            .and_then(|slot| *slot)
+            .is_some_and(|at| at.elapsed() < ttl)
+    }
+
+    /// Notes the server's answer to a read of `ino`'s capabilities.
+    fn caps_read(&mut self, ino: u64, r: &Res<Vec<u8>>) {
+        if let Some(slot) = self.no_caps_slot(ino) {
+            *slot = matches!(r, Err(libc::ENODATA)).then(Instant::now);
+        }
+    }
+
+    fn no_caps_slot(&mut self, ino: u64) -> Option<&mut Option<Instant>> {
+        if ino == self.root {
+            return Some(&mut self.root_no_caps);
+        }
+        self.nodes.get_mut(&ino).map(|n| &mut n.no_caps)
     }
 
     /// Where what is known of directory `ino`'s default ACL is kept, if it is a known one.
