@@ -45,6 +45,13 @@ async fn bulk_stuck(w: &World, e: &Engine) -> tokio::task::JoinHandle<()> {
     })
 }
 
+/// Ends `bulk_stuck`'s flush and waits until it is gone: its clone of the engine keeps the
+/// killed writer's lock held in this process until dropped, and an open meanwhile is refused.
+async fn end_stuck(stuck: tokio::task::JoinHandle<()>) {
+    stuck.abort();
+    let _ = stuck.await;
+}
+
 /// A small write and its size pair, as one transaction of SMALL's scope.
 async fn small_write(e: &Engine, seed: u8) {
     let mut txn = Txn::new();
@@ -74,7 +81,7 @@ async fn a_scoped_barrier_skips_another_inodes_stuck_upload_and_its_data_survive
     // stores another (the engine cannot know the first is enough) but never waits.
     crash(&w, e).await;
     w.faults.set(Fault::None);
-    stuck.abort();
+    end_stuck(stuck).await;
 
     let e = open_scoped(&w).await;
     assert_eq!(e.read(SMALL, 0, 4096).await.unwrap(), pattern(3, 4096));
@@ -210,7 +217,7 @@ async fn side_records_after_the_first_hold_what_changed_and_an_open_rebuilds_the
     );
     crash(&w, e).await;
     w.faults.set(Fault::None);
-    stuck.abort();
+    end_stuck(stuck).await;
 
     let e = open_scoped(&w).await;
     assert_bytes(&e.read(SMALL, 0, 16 * EXTENT).await.unwrap(), &expected);
@@ -244,7 +251,7 @@ async fn a_cut_among_a_scopes_unflushed_changes_makes_its_next_side_record_whole
     assert!(sizes[1] > 12 * EXTENT, "{sizes:?}");
     crash(&w, e).await;
     w.faults.set(Fault::None);
-    stuck.abort();
+    end_stuck(stuck).await;
 
     let e = open_scoped(&w).await;
     assert_bytes(&e.read(SMALL, 0, 12 * EXTENT).await.unwrap(), &expected);
