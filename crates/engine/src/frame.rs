@@ -234,11 +234,11 @@ pub fn decode_reusing(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::crypto::DataKey;
+    use crate::crypto::{Cipher, DataKey};
 
     #[test]
     fn a_compressed_frame_longer_than_an_extent_is_malformed() {
-        let sealer = Sealer::new(&DataKey::for_tests(1));
+        let sealer = Sealer::new(&DataKey::for_tests(1), Cipher::Aes256GcmBlake3);
         let mut frame = vec![0u8; FRAME_BYTES_MAX + 1];
         frame[0] = Codec::Zstd as u8;
         assert!(matches!(
@@ -249,7 +249,7 @@ mod tests {
 
     #[test]
     fn every_codec_round_trips_and_frames_cannot_move() {
-        let sealer = Sealer::new(&DataKey::for_tests(1));
+        let sealer = Sealer::new(&DataKey::for_tests(1), Cipher::Aes256GcmBlake3);
         let mut plain = vec![0u8; EXTENT_SIZE_BYTES];
         plain[100..200].fill(0x5a);
         for codec in [Codec::None, Codec::Zstd, Codec::Lz4] {
@@ -319,7 +319,7 @@ mod tests {
 
     #[test]
     fn random_extents_are_stored_raw_and_round_trip() {
-        let sealer = Sealer::new(&DataKey::for_tests(1));
+        let sealer = Sealer::new(&DataKey::for_tests(1), Cipher::Aes256GcmBlake3);
         let random = random_bytes(EXTENT_SIZE_BYTES, 7);
         for codec in [Codec::Zstd, Codec::Lz4] {
             let mut out = vec![0u8; FRAME_BYTES_MAX];

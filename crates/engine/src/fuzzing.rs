@@ -5,14 +5,14 @@
 //! cannot, but a bug in our own encoder could).
 
 use crate::bucket::{open_url, PutMode};
-use crate::crypto::{DataKey, Sealer};
+use crate::crypto::{Cipher, DataKey, Sealer};
 use crate::lsm::run;
 use crate::meta::{decode_ops, encode_ops};
 use std::sync::Arc;
 
 fn sealer() -> Arc<Sealer> {
     thread_local! {
-        static SEALER: Arc<Sealer> = Arc::new(Sealer::new(&DataKey::fixed(7)));
+        static SEALER: Arc<Sealer> = Arc::new(Sealer::new(&DataKey::fixed(7), Cipher::Aes256GcmBlake3));
     }
     SEALER.with(Arc::clone)
 }

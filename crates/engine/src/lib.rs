@@ -22,7 +22,7 @@ mod object_buffer;
 mod tasks;
 mod tuning;
 
-pub use crypto::{KdfCost, KeyError, FORMAT_VERSION};
+pub use crypto::{Cipher, KdfCost, KeyError, FORMAT_VERSION};
 pub use engine::{
     change_password, check_checkpoint_name, prefix_end, BarrierLatency, BarrierPart,
     CheckpointInfo, Engine, EngineError, EngineOptions, EngineStats, Expect, Fill, FsckProblem,

@@ -57,7 +57,7 @@ use timing::{BarrierTimes, PartTimes};
 use crate::bucket::{DeleteMode, PutMode, SharedBucket, StoreError};
 use crate::cache::{DiskCache, Space};
 use crate::cadence::{BarrierCadence, WriteBehind};
-use crate::crypto::{KdfCost, KeyError, Sealer, Superblock};
+use crate::crypto::{Cipher, KdfCost, KeyError, Sealer, Superblock};
 use crate::extent_buffers::ExtentBuffers;
 use crate::frame::{self, Codec, FRAME_BYTES_MAX};
 use crate::lease::{self, Lease, LeaseError};

@@ -13,18 +13,21 @@ pub(super) async fn unlock(
     match bucket.get(SUPERBLOCK_KEY).await {
         Ok(bytes) => {
             let sb = Superblock::from_json(&bytes)?;
-            Ok((Sealer::new(&sb.unlock(password)?), sb.format_version()))
+            Ok((
+                Sealer::new(&sb.unlock(password)?, sb.cipher()),
+                sb.format_version(),
+            ))
         }
         Err(StoreError::NotFound(_)) if create.is_some() => {
             let kdf_cost = create.expect("checked by the guard");
-            let (sb, key) = Superblock::create(password, kdf_cost)?;
+            let (sb, key) = Superblock::create(password, kdf_cost, Cipher::for_new_buckets())?;
             match bucket
                 .put(SUPERBLOCK_KEY, Bytes::from(sb.to_json()), PutMode::Create)
                 .await
             {
                 Ok(()) => {
-                    tracing::info!("created a new bucketfs bucket");
-                    Ok((Sealer::new(&key), sb.format_version()))
+                    tracing::info!(cipher = ?sb.cipher(), "created a new bucketfs bucket");
+                    Ok((Sealer::new(&key, sb.cipher()), sb.format_version()))
                 }
                 // Another process created it first: use theirs.
                 Err(StoreError::AlreadyExists(_)) => {

@@ -6,7 +6,7 @@ use super::merge::{compact, get, scan};
 use super::run::{encode, RunReader};
 use super::{Entry, MemRun, RunError};
 use crate::bucket::{open_url, PutMode, SharedBucket};
-use crate::crypto::{DataKey, Sealer};
+use crate::crypto::{Cipher, DataKey, Sealer};
 use proptest::prelude::*;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -38,7 +38,7 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 fn sealer() -> Arc<Sealer> {
-    Arc::new(Sealer::new(&DataKey::for_tests(9)))
+    Arc::new(Sealer::new(&DataKey::for_tests(9), Cipher::Aes256GcmBlake3))
 }
 
 async fn store(
@@ -248,7 +248,10 @@ async fn damaged_runs_are_errors_never_wrong_data() {
             .await
             .is_err()
     );
-    let other = Arc::new(Sealer::new(&DataKey::for_tests(10)));
+    let other = Arc::new(Sealer::new(
+        &DataKey::for_tests(10),
+        Cipher::Aes256GcmBlake3,
+    ));
     assert!(RunReader::open(bucket.clone(), other, "run/c", 3, size)
         .await
         .is_err());

@@ -392,7 +392,7 @@ pub fn table_after(base: &Base, frozen: &Frozen, debits: &Deltas) -> ObjectTable
 mod tests {
     use super::*;
     use crate::bucket::{open_url, PutMode, SharedBucket};
-    use crate::crypto::{DataKey, Sealer};
+    use crate::crypto::{Cipher, DataKey, Sealer};
     use crate::lsm::merge::compact_in;
     use std::collections::BTreeMap;
 
@@ -513,7 +513,7 @@ mod tests {
     #[tokio::test]
     async fn live_counts_and_lookups_match_a_recount_across_checkpoints() {
         let bucket: SharedBucket = open_url("memory://", &Vec::new()).unwrap();
-        let sealer = Arc::new(Sealer::new(&DataKey::for_tests(3)));
+        let sealer = Arc::new(Sealer::new(&DataKey::for_tests(3), Cipher::Aes256GcmBlake3));
         let mut state = MetaState::default();
         let mut model = Model::new();
         let mut ops = Ops {
