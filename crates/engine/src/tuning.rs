@@ -83,9 +83,11 @@ pub struct Tuning {
     pub cold_read_whole_object_bytes_max: u64,
     /// A read that starts where the last read of the same inode ended has the next this many
     /// bytes fetched while its client handles it (engine/readahead.rs); 0 turns readahead off.
-    /// 4 MiB keeps one client's sequential 1 MiB reads from waiting on the store: over a link
-    /// of 20 ms and 100 MB/s (twice its bandwidth-delay product) it reached 0.82-0.89 of the
-    /// link where 2 MiB reached 0.64-0.72 (docs/benchmarks/2026-11-28-cold-reads.md).
+    /// 16 MiB keeps one client's sequential 1 MiB reads from waiting on the store: over a
+    /// link of 20 ms and 100 MB/s 4 MiB (twice its bandwidth-delay product) already reached
+    /// 0.82-0.89 of the link where 2 MiB reached 0.64-0.72, and over a local directory, once
+    /// AES made decryption cheap, 16 MiB let a cold NFS copy out reach 800-926 MB/s where
+    /// 4 MiB reached 717-784 (docs/benchmarks/2026-11-28-cold-reads.md, 2026-11-30-aes.md).
     pub readahead_bytes: u64,
     /// A merge of the metadata runs is cut into parts of about this many bytes of entries: what
     /// a merge holds in memory at once, and what one part's upload carries.
@@ -144,7 +146,7 @@ impl Default for Tuning {
             repack_extents_per_object: 112,
             read_coalesce_gap_bytes: 64 * 1024,
             cold_read_whole_object_bytes_max: 4 << 20,
-            readahead_bytes: 4 << 20,
+            readahead_bytes: 16 << 20,
             run_part_bytes: 64 << 20,
             run_merge_bytes_per_checkpoint: 256 << 20,
             delta_runs_per_merge: 4,

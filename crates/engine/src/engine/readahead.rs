@@ -3,12 +3,13 @@
 //! while it handles this one, so that the store's latency and the decoding overlap with the
 //! client instead of adding up.
 //!
-//! A read is sequential when it starts where the last read of the same inode ended. Each
-//! sequential read starts fetches, in pieces of its own length (at least 64 KiB), of what lies
-//! after it up to `Tuning::readahead_bytes` ahead. A read that finds such a fetch of its range under way
-//! waits for it rather than fetching the same extents again, then finds them in the memory
-//! tier. Fetches go through the engine's own read path, so they see exactly what a read
-//! would.
+//! A read is sequential when it starts where the last read of the same inode ended, or within
+//! the window that stream read or fetched lately (reads in flight together arrive in any
+//! order). Each sequential read starts fetches, in pieces of its own length (at least 64 KiB),
+//! of what lies after it up to `Tuning::readahead_bytes` ahead. A read that finds such a fetch
+//! of its range under way waits for it rather than fetching the same extents again, then finds
+//! them in the memory tier. Fetches go through the engine's own read path, so they see exactly
+//! what a read would.
 
 use futures::future::{BoxFuture, FutureExt, Shared};
 use lru::LruCache;
@@ -59,8 +60,13 @@ impl Readahead {
     pub(super) fn plan(&self, ino: u64, offset: u64, end: u64, ahead: u64) -> Plan {
         let mut streams = self.streams.lock();
         let s = streams.get_or_insert_mut(ino, Stream::default);
-        let sequential = offset == s.next && offset > 0;
-        s.next = end;
+        // Reads in flight together (a queue depth above one) may arrive out of order: a read
+        // that lands inside what this stream has read or fetched ahead lately is still the same
+        // stream, so it extends the window instead of starting it again (which fetched the
+        // window twice over a remote store).
+        let window_start = s.next.saturating_sub(ahead);
+        let sequential = offset > 0 && offset >= window_start && offset <= s.ahead_end.max(s.next);
+        s.next = if sequential { s.next.max(end) } else { end };
         // Fetches wholly before this read are done with (or no longer wanted).
         s.fetches.retain(|(_, e, _)| *e > offset);
         let wait = s
@@ -123,6 +129,14 @@ mod tests {
         let p = r.plan(7, 200 * K, 300 * K, 250 * K);
         assert_eq!(p.wait.len(), 1);
         assert_eq!(p.fetch, vec![(450 * K, 550 * K)]);
+        // A read of the stream that arrives ahead of the one before it (two in flight) extends
+        // the window; the one it overtook, arriving next, fetches nothing again.
+        let p = r.plan(7, 400 * K, 500 * K, 250 * K);
+        assert_eq!(p.fetch, vec![(550 * K, 650 * K), (650 * K, 750 * K)]);
+        let p = r.plan(7, 300 * K, 400 * K, 250 * K);
+        assert!(p.fetch.is_empty(), "{:?}", p.fetch);
+        let p = r.plan(7, 500 * K, 600 * K, 250 * K);
+        assert_eq!(p.fetch, vec![(750 * K, 850 * K)]);
         // Another inode is a stream of its own; a jump fetches nothing.
         assert!(r.plan(8, 200 * K, 300 * K, 250 * K).fetch.is_empty());
         let p = r.plan(7, 10_000 * K, 10_100 * K, 250 * K);
