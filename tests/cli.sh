@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The command line: init writes a config that run accepts, the embedded default works, nbd
-# create/list/resize/delete round trip, status is JSON, change-password rewraps the key.
+# create/list/resize/delete round trip, status is JSON and names the bucket's cipher,
+# change-password rewraps the key.
 set -euo pipefail
 # shellcheck source=tests/lib.sh
 source "$(dirname "$0")/lib.sh"
@@ -110,6 +111,18 @@ check_exports() {
     out="$(bfs status)" || die "bucketfs status failed"
     "$BUCKETFS_TEST_PYTHON" -c 'import json, sys; d = json.loads(sys.stdin.read()); assert isinstance(d, dict) and "object_store" in d' <<<"$out" ||
         die "bucketfs status did not print one JSON object with object_store: $out"
+    # The cipher a new bucket seals with: AES-256-GCM where the CPU has AES and carry-less
+    # multiply instructions, else XChaCha20-Poly1305; status names it, as the superblock does.
+    local cipher=xchacha20-poly1305
+    if grep -qw aes /proc/cpuinfo && grep -qw -E 'pclmulqdq|pmull' /proc/cpuinfo; then
+        cipher=aes-256-gcm-blake3
+    fi
+    "$BUCKETFS_TEST_PYTHON" -c 'import json, sys; d = json.loads(sys.stdin.read()); assert d["engine"]["cipher"] == sys.argv[1], d["engine"]' "$cipher" <<<"$out" ||
+        die "bucketfs status does not name the cipher $cipher: $out"
+    if [[ -n $BUCKET_DIR ]]; then
+        grep -q "\"cipher\": \"$cipher\"" "$BUCKET_DIR/superblock.json" ||
+            die "the superblock does not name the cipher $cipher: $(cat "$BUCKET_DIR/superblock.json")"
+    fi
 }
 
 check_change_password() {

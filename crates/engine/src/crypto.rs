@@ -319,6 +319,10 @@ impl Sealer {
         }
     }
 
+    pub fn cipher(&self) -> Cipher {
+        self.cipher
+    }
+
     /// A 64-bit keyed hash of `scope` and `name`. Metadata keys are stored in the clear (they
     /// must sort), so a name that belongs in a key (a directory entry, an extended attribute)
     /// goes there as this hash, and the name itself in the sealed value. Without the data key

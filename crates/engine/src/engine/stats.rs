@@ -4,6 +4,8 @@ use super::*;
 
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct EngineStats {
+    /// The cipher that seals this bucket's objects, chosen when it was created (docs/format.md).
+    pub cipher: crate::crypto::Cipher,
     /// Flush barriers asked for (NBD FLUSH and FUA, admin changes, the periodic flush).
     pub barriers: u64,
     /// Time callers spent waiting in flush barriers, summed: divided by `barriers`, the mean
@@ -146,6 +148,7 @@ impl Engine {
         };
         let st = self.inner.state.read();
         EngineStats {
+            cipher: self.inner.sealer.cipher(),
             barriers: c.barriers.load(Ordering::Relaxed),
             barrier_wait_us: c.barrier_wait_us.load(Ordering::Relaxed),
             flushes: c.flushes.load(Ordering::Relaxed),
