@@ -112,10 +112,16 @@ fn fixtures() -> Vec<PathBuf> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn buckets_of_every_released_format_open_and_read_back() {
     let fixtures = fixtures();
-    assert!(
-        fixtures.iter().any(|f| f.ends_with("format-1")),
-        "the fixture of format 1 is kept: {fixtures:?}"
-    );
+    // Every format from the first to this build's has its fixture, so a format change that
+    // forgets to add one fails here.
+    for format in 1..=FORMAT_VERSION {
+        assert!(
+            fixtures
+                .iter()
+                .any(|f| f.ends_with(format!("format-{format}"))),
+            "no fixture of format {format} in tests/compat: {fixtures:?}"
+        );
+    }
     for fixture in fixtures {
         // Removed at the end of each fixture's turn, or when a check panics.
         let scratch = tempfile::TempDir::with_prefix(format!(
