@@ -513,3 +513,206 @@ fn attr_with_rdev(d: &mut Decoder<'_>) -> (u32, u32, u32) {
     }
     (t, major, minor)
 }
+
+/// Entries of a READDIR (or READDIRPLUS, `plus`) reply: (file id, name, cookie, and for
+/// READDIRPLUS the file id its attributes name and its handle), and eof.
+type Listed = (u64, Vec<u8>, u64, Option<(u64, Vec<u8>)>);
+
+fn listed(reply: &[u8], plus: bool) -> (Vec<Listed>, bool) {
+    let mut b = body(reply);
+    assert_eq!(b.u32(), Ok(NFS3_OK));
+    assert_eq!(b.bool(), Ok(true), "the directory's attributes");
+    attr(&mut b);
+    assert_eq!(b.fixed(8), Ok(&[0u8; 8][..]), "the cookie verifier");
+    let mut out = Vec::new();
+    while b.bool().unwrap() {
+        let (id, name, cookie) = (
+            b.u64().unwrap(),
+            b.opaque(255, "name").unwrap().to_vec(),
+            b.u64().unwrap(),
+        );
+        let extra = plus.then(|| {
+            assert_eq!(b.bool(), Ok(true), "attributes of {name:?}");
+            let of = attr(&mut b).3;
+            assert_eq!(b.bool(), Ok(true), "a handle of {name:?}");
+            (of, b.opaque(64, "fh").unwrap().to_vec())
+        });
+        out.push((id, name, cookie, extra));
+    }
+    let eof = b.bool().unwrap();
+    assert!(b.is_empty(), "nothing after eof");
+    (out, eof)
+}
+
+#[tokio::test]
+async fn null_read_readdir_readdirplus_and_fsstat() {
+    let fs = crate::memory_fs().await;
+    let root = Caller::root();
+    let dir = fs
+        .make(&root, ROOT_INO, b"d", S_IFDIR | 0o755, 0)
+        .await
+        .unwrap();
+    let mut names = Vec::new();
+    for i in 0..40 {
+        let name = format!("f{i:02}").into_bytes();
+        fs.make(&root, dir.ino, &name, S_IFREG | 0o644, 0)
+            .await
+            .unwrap();
+        names.push(name);
+    }
+    let file = fs
+        .make(&root, ROOT_INO, b"data", S_IFREG | 0o600, 0)
+        .await
+        .unwrap();
+    let data: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
+    fs.write_file(&root, file.ino, 0, &data, false)
+        .await
+        .unwrap();
+    let file = fs.getattr(file.ino).await.unwrap();
+    let d = Dispatcher::new(
+        vec![Arc::new(Nfs3Program::new(fs.clone(), crate::whole(&fs)))],
+        1 << 16,
+    );
+    let (dir_fh, file_fh) = (encode(&fs, &dir), encode(&fs, &file));
+
+    // NULL: accepted, and nothing in the reply after the accept state.
+    let r = d.reply(&call(1, NFS_PROGRAM, 0, 0, &[])).await.unwrap();
+    assert!(body(&r).is_empty(), "NULL answers nothing: {r:?}");
+
+    // READ: a range inside the file, then one running past its end (eof, short).
+    for (offset, count, want) in [(100u64, 1000u32, 100..1100), (9_990, 100, 9_990..10_000)] {
+        let mut a = Encoder::new();
+        a.opaque(&file_fh).u64(offset).u32(count);
+        let r = d
+            .reply(&call(2, NFS_PROGRAM, 6, 0, &a.into_bytes()))
+            .await
+            .unwrap();
+        let mut b = body(&r);
+        assert_eq!((b.u32(), b.bool()), (Ok(NFS3_OK), Ok(true)));
+        assert_eq!(attr(&mut b).3, file.ino);
+        assert_eq!(b.u32(), Ok(want.len() as u32));
+        assert_eq!(b.bool(), Ok(want.end == 10_000), "eof at {offset}");
+        assert_eq!(b.opaque(4096, "data"), Ok(&data[want]));
+    }
+    // READ refused: of a directory, by a stranger to a 0600 file, through a forged handle.
+    let read = |xid: u32, fh: &[u8], uid: u32| {
+        let mut a = Encoder::new();
+        a.opaque(fh).u64(0).u32(10);
+        call(xid, NFS_PROGRAM, 6, uid, &a.into_bytes())
+    };
+    let mut forged = file_fh.clone();
+    *forged.last_mut().unwrap() ^= 1;
+    for (r, want) in [
+        (read(3, &dir_fh, 0), crate::status::NFS3ERR_ISDIR),
+        (read(4, &file_fh, 1000), NFS3ERR_ACCES),
+        (read(5, &forged, 0), NFS3ERR_BADHANDLE),
+    ] {
+        let r = d.reply(&r).await.unwrap();
+        assert_eq!(body(&r).u32(), Ok(want.0));
+    }
+
+    // READDIR in pages of about 600 bytes, following the cookies. After the first page one
+    // name already listed is removed and one not yet listed is added: every name that was
+    // there throughout comes exactly once, whatever changes meanwhile.
+    let readdir = |xid: u32, fh: &[u8], cookie: u64, count: u32, plus: bool| {
+        let mut a = Encoder::new();
+        a.opaque(fh).u64(cookie).fixed(&[0; 8]).u32(count);
+        if plus {
+            a.u32(count);
+        }
+        call(
+            xid,
+            NFS_PROGRAM,
+            if plus { 17 } else { 16 },
+            0,
+            &a.into_bytes(),
+        )
+    };
+    let (mut seen, mut cookie, mut pages) = (Vec::new(), 0, 0);
+    loop {
+        let r = d
+            .reply(&readdir(6, &dir_fh, cookie, 600, false))
+            .await
+            .unwrap();
+        let (entries, eof) = listed(&r, false);
+        pages += 1;
+        if pages == 1 {
+            let gone = entries
+                .iter()
+                .find(|e| e.1.starts_with(b"f"))
+                .expect("a file on the first page")
+                .1
+                .clone();
+            fs.unlink(&root, dir.ino, &gone).await.unwrap();
+            names.retain(|n| *n != gone);
+            fs.make(&root, dir.ino, b"late", S_IFREG | 0o644, 0)
+                .await
+                .unwrap();
+        }
+        if let Some(last) = entries.last() {
+            cookie = last.2;
+        }
+        seen.extend(entries.into_iter().map(|e| e.1));
+        if eof {
+            break;
+        }
+        assert!(pages < 100, "READDIR never reached its end");
+    }
+    assert!(pages > 2, "the listing took several pages: {pages}");
+    for name in names.iter().chain([&b".".to_vec(), &b"..".to_vec()]) {
+        let n = seen.iter().filter(|s| *s == name).count();
+        assert_eq!(n, 1, "{} listed {n} times", String::from_utf8_lossy(name));
+    }
+    assert!(
+        seen.len() <= names.len() + 4,
+        "nothing listed twice: {seen:?}"
+    );
+
+    // READDIRPLUS: each entry with its attributes and a handle that GETATTR takes.
+    let r = d
+        .reply(&readdir(7, &dir_fh, 0, 65_536, true))
+        .await
+        .unwrap();
+    let (entries, eof) = listed(&r, true);
+    assert!(eof, "40 entries fit in 64 KiB");
+    assert_eq!(entries.len(), names.len() + 3, "., .., the files and late");
+    for (id, name, _, extra) in &entries {
+        let (of, fh) = extra.as_ref().unwrap();
+        assert_eq!(of, id, "{name:?}: its attributes are its own");
+        let r = d
+            .reply(&call(8, NFS_PROGRAM, 1, 0, &args(&[fh], &[])))
+            .await
+            .unwrap();
+        let mut b = body(&r);
+        assert_eq!(b.u32(), Ok(NFS3_OK));
+        assert_eq!(attr(&mut b).3, *id, "{name:?}: its handle names it");
+    }
+    // Too small a count for even one entry, and a listing of a file, are refused.
+    let r = d.reply(&readdir(9, &dir_fh, 0, 8, false)).await.unwrap();
+    assert_eq!(body(&r).u32(), Ok(crate::status::NFS3ERR_TOOSMALL.0));
+    let r = d
+        .reply(&readdir(10, &file_fh, 0, 4096, true))
+        .await
+        .unwrap();
+    assert_eq!(body(&r).u32(), Ok(crate::status::NFS3ERR_NOTDIR.0));
+
+    // FSSTAT: sizes and counts that agree with one another.
+    let r = d
+        .reply(&call(11, NFS_PROGRAM, 18, 0, &args(&[&dir_fh], &[])))
+        .await
+        .unwrap();
+    let mut b = body(&r);
+    assert_eq!((b.u32(), b.bool()), (Ok(NFS3_OK), Ok(true)));
+    attr(&mut b);
+    let [tbytes, fbytes, abytes, tfiles, ffiles, afiles] = [0; 6].map(|_| b.u64().unwrap());
+    assert!(
+        tbytes >= fbytes && fbytes == abytes && tbytes > 0,
+        "{tbytes} {fbytes} {abytes}"
+    );
+    assert!(
+        tfiles >= ffiles && ffiles == afiles,
+        "{tfiles} {ffiles} {afiles}"
+    );
+    assert_eq!(b.u32(), Ok(0), "invarsec");
+    assert!(b.is_empty());
+}
