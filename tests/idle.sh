@@ -17,9 +17,16 @@ run_case() {
     create_export idle 256M
     qio idle 'write -P 0x17 0 1M' 'write -P 0x18 5M 300k' 'flush' || die "write + flush failed"
     # Let the periodic flush (flush_interval_ms = ${FLUSH_INTERVAL_MS:-2000}) and any follow-up
-    # work settle.
-    sleep 5
+    # work settle: the counters still for 5 s. tests/run runs this test beside others, so the
+    # machine may be busy and settling slow; a minute is far more than it needs.
     c0="$(object_store_counters)" || die "bucketfs status failed or has no object_store counters"
+    local settled=0 tries=0
+    while ((settled < 5)); do
+        ((tries++ < 60)) || die "the object_store counters did not settle within a minute after a write + flush (or 'bucketfs status' itself touches the store): $c0"
+        sleep 1
+        c1="$(object_store_counters)"
+        if [[ "$c1" == "$c0" ]]; then settled=$((settled + 1)); else settled=0 c0="$c1"; fi
+    done
     c1="$(object_store_counters)"
     [[ "$c0" == "$c1" ]] ||
         die "two back-to-back 'bucketfs status' calls see different counters (status itself touches the store?): $c0 -> $c1"
