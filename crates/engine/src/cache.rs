@@ -360,6 +360,7 @@ impl Shared {
     }
 
     fn write(&self, key: Key, ticket: u64) {
+        let _bulk = crate::bulk::enter();
         let bytes = match self.index.lock().queued.get(&key) {
             Some((t, b)) if *t == ticket => b.clone(),
             // Forgotten, or put again (a later job writes that).

@@ -4,6 +4,7 @@
 //! the filesystem core gives meaning to.
 
 pub mod bucket;
+pub mod bulk;
 mod cache;
 mod cadence;
 mod crypto;

@@ -118,6 +118,11 @@ pub struct Tuning {
     /// ... and only when the file's own unflushed data is at most this: a bulk writer's fsync
     /// gains nothing from writing its data twice.
     pub scoped_barrier_bytes_max: u64,
+    /// 1: bulk work (sealing large batches, writing their objects into a local bucket, merging
+    /// runs, filling the disk cache) runs under `SCHED_IDLE`, raised back while starved, so a
+    /// small request's threads do not wait behind it for a core (docs/0010); 0: at normal
+    /// priority. Needs `CAP_SYS_NICE`: without it bulk work runs at normal priority.
+    pub bulk_idle_priority: u64,
 }
 
 impl Default for Tuning {
@@ -156,6 +161,7 @@ impl Default for Tuning {
             journal_record_bytes_max: 768 << 10,
             scoped_barrier_ahead_bytes_min: 256 << 10,
             scoped_barrier_bytes_max: 1 << 20,
+            bulk_idle_priority: 1,
         }
     }
 }

@@ -756,7 +756,11 @@ impl Bucket for LocalBucket {
         }
         let root = self.root.clone();
         let key = key.to_string();
-        blocking(move || put_file(&root, &key, &data, mode).map_err(|e| io_error(&key, e))).await
+        blocking(move || {
+            let _bulk = crate::bulk::enter();
+            put_file(&root, &key, &data, mode).map_err(|e| io_error(&key, e))
+        })
+        .await
     }
 
     async fn get(&self, key: &str) -> Result<Bytes, StoreError> {

@@ -310,6 +310,7 @@ impl Engine {
             .inner
             .tasks
             .spawn_blocking(move || {
+                let _bulk = crate::bulk::enter();
                 crate::lsm::run::encode(&sealer, seal_id, changes_.points, &changes_.ranges)
             })
             .await;

@@ -89,6 +89,9 @@ impl Engine {
             Some(Arc::new(lease::acquire(&bucket).await?))
         };
         let sealer = Arc::new(sealer);
+        if !opts.read_only {
+            crate::bulk::configure(opts.tuning.bulk_idle_priority != 0);
+        }
         let opened = async {
             if lock_holder.is_some() {
                 bucket.begin_writing().await?;

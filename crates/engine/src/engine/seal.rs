@@ -13,6 +13,20 @@ pub(super) fn cpu_count() -> usize {
     })
 }
 
+/// The threads that seal large batches in parallel: bulk threads for good (bulk.rs), which is
+/// why they are not rayon's global pool.
+fn seal_pool() -> &'static rayon::ThreadPool {
+    static POOL: std::sync::OnceLock<rayon::ThreadPool> = std::sync::OnceLock::new();
+    POOL.get_or_init(|| {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(cpu_count())
+            .thread_name(|i| format!("bucketfs-seal-{i}"))
+            .start_handler(|_| crate::bulk::enter_for_good())
+            .build()
+            .expect("starting the sealing threads")
+    })
+}
+
 impl Engine {
     /// The codec a batch of `extents` is sealed with. With zstd configured, lz4 where a client
     /// waits on the seal at a steady cadence:
@@ -55,7 +69,10 @@ impl Engine {
         let engine = self.clone();
         self.inner
             .tasks
-            .spawn_blocking(move || engine.encode_blocking(seq, &batch, codec))
+            .spawn_blocking(move || {
+                let _bulk = crate::bulk::enter();
+                engine.encode_blocking(seq, &batch, codec)
+            })
             .await
     }
 
@@ -134,11 +151,13 @@ impl Engine {
                 .collect()
         } else {
             use rayon::prelude::*;
-            stretches
-                .par_chunks_mut(stretch)
-                .zip(data.par_chunks(chunk))
-                .map(|(out, part)| seal_part(out, part))
-                .collect()
+            seal_pool().install(|| {
+                stretches
+                    .par_chunks_mut(stretch)
+                    .zip(data.par_chunks(chunk))
+                    .map(|(out, part)| seal_part(out, part))
+                    .collect()
+            })
         };
         let mut at = LOG_HEADER_BYTES;
         let mut lz4_frames = 0;

@@ -34,6 +34,10 @@ pub struct EngineStats {
     pub log_objects_deleted: u64,
     /// Extents rewritten out of sparse log objects (`Engine::repack`).
     pub extents_repacked: u64,
+    /// The CPU priority of bulk work in this process (bulk.rs, docs/0010).
+    pub bulk_priority: crate::bulk::BulkPriority,
+    /// Times the watchdog raised starved bulk work to normal priority (for a second each).
+    pub bulk_boosts: u64,
     /// Extents moved out of fragmented log objects (at most half live; `Engine::repack`).
     pub extents_defragmented: u64,
     /// Extents moved out of objects that hold lz4 frames, to be sealed with zstd
@@ -163,6 +167,8 @@ impl Engine {
             checkpoint_bytes_written: c.checkpoint_bytes_written.load(Ordering::Relaxed),
             log_objects_deleted: c.log_objects_deleted.load(Ordering::Relaxed),
             extents_repacked: c.extents_repacked.load(Ordering::Relaxed),
+            bulk_priority: crate::bulk::status().0,
+            bulk_boosts: crate::bulk::status().1,
             extents_defragmented: c.extents_defragmented.load(Ordering::Relaxed),
             extents_resealed: c.extents_resealed.load(Ordering::Relaxed),
             repack_sweeps_started: c.repack_sweeps_started.load(Ordering::Relaxed),
