@@ -1,8 +1,9 @@
 //! A blocking 9P2000.L client over TCP or a unix socket that many threads share: each call
 //! sends its request under a fresh tag and waits for its own reply, which a reader thread
-//! hands over, so one slow request (an fsync) does not hold up the others. `bucketfs mount`
-//! runs its reads, writes and fsyncs on worker threads through it. Every failure is an errno:
-//! the server's (Rlerror), or EIO once the connection is broken.
+//! hands over, so one slow request (an fsync) does not hold up the others. Writes and fsyncs
+//! can also be sent without waiting (`Client::sending`): the reader thread then runs the
+//! caller's function with the reply, which spares a thread hand-over on each way. Every
+//! failure is an errno: the server's (Rlerror), or EIO once the connection is broken.
 
 use crate::wire::{Qid, HEADER_BYTES, P9_NOFID, TLERROR_RLERROR};
 use std::collections::HashMap;
@@ -10,7 +11,7 @@ use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard, TryLockError};
 
 /// A result whose error is a Linux errno.
 pub type Res<T> = Result<T, i32>;
@@ -133,17 +134,48 @@ impl Write for Socket {
 /// A reply: its message type and body.
 type Reply = (u8, Vec<u8>);
 
+/// A function the reader thread runs with a request's reply, or with the error that broke the
+/// connection.
+type Then = Box<dyn FnOnce(io::Result<Reply>) + Send>;
+
+/// Who takes a reply.
+enum Waiter {
+    /// A caller blocked on its channel; dropping the sender wakes it with an error.
+    Caller(mpsc::SyncSender<Reply>),
+    /// A caller that went on; the reader thread runs its function.
+    Then(Then),
+}
+
 /// What the callers and the reader thread share.
 struct Shared {
-    /// Callers waiting, by tag. Cleared when the connection breaks, which wakes them all.
-    waiting: Mutex<HashMap<u16, mpsc::SyncSender<Reply>>>,
+    /// Requests waiting for their replies, by tag. Emptied when the connection breaks, which
+    /// wakes every caller and runs every function with the error.
+    waiting: Mutex<HashMap<u16, Waiter>>,
     broken: AtomicBool,
 }
 
 impl Shared {
     fn break_off(&self) {
         self.broken.store(true, Ordering::SeqCst);
-        self.waiting.lock().expect("client lock").clear();
+        let waiting: Vec<Waiter> = {
+            let mut w = self.waiting.lock().expect("client lock");
+            w.drain().map(|(_, waiter)| waiter).collect()
+        };
+        // Outside the lock: a function may hand its work to another thread.
+        for waiter in waiting {
+            if let Waiter::Then(then) = waiter {
+                then(Err(io::ErrorKind::BrokenPipe.into()));
+            }
+        }
+    }
+
+    fn deliver(waiter: Waiter, reply: Reply) {
+        match waiter {
+            Waiter::Caller(tx) => {
+                let _ = tx.send(reply);
+            }
+            Waiter::Then(then) => then(Ok(reply)),
+        }
     }
 }
 
@@ -161,9 +193,15 @@ struct Fids {
     free: Vec<u32>,
 }
 
-/// A request body under construction.
-#[derive(Default)]
+/// A request under construction: room for the frame's header (filled in when it is sent),
+/// then the body, so that a write's data is copied once on its way to the socket.
 struct Body(Vec<u8>);
+
+impl Default for Body {
+    fn default() -> Body {
+        Body(vec![0; HEADER_BYTES])
+    }
+}
 
 impl Body {
     fn u16(mut self, v: u16) -> Body {
@@ -253,7 +291,7 @@ impl Client {
         };
         // Tversion before anything else is in flight: its reply sets the frame limit.
         let body = Body::default().u32(msize).s(b"9P2000.L");
-        write_frame(&mut socket, TVERSION, NOTAG, &body)?;
+        write_frame(&mut socket, TVERSION, NOTAG, body)?;
         let (kind, _, reply) = read_frame(&mut socket, msize.max(crate::limits::MSIZE_MIN))?;
         let mut r = Parse::new(reply);
         if kind != TVERSION + 1 {
@@ -311,29 +349,35 @@ impl Client {
         self.fids.lock().expect("client lock").free.push(fid);
     }
 
+    /// Takes a fresh tag for `waiter`; None (and the waiter back) once the connection is broken.
+    fn register(&self, waiter: Waiter) -> Result<u16, Waiter> {
+        let mut waiting = self.shared.waiting.lock().expect("client lock");
+        if self.is_broken() {
+            return Err(waiter);
+        }
+        let mut next = self.next_tag.lock().expect("client lock");
+        // A tag still waiting for its reply is skipped; there are far fewer requests in flight
+        // than tags.
+        loop {
+            *next = (*next + 1) % TAG_LIMIT;
+            if !waiting.contains_key(&*next) {
+                break;
+            }
+        }
+        waiting.insert(*next, waiter);
+        Ok(*next)
+    }
+
     fn rpc_raw(&self, kind: u8, body: Body) -> io::Result<Reply> {
         let (tx, rx) = mpsc::sync_channel(1);
-        let tag = {
-            let mut waiting = self.shared.waiting.lock().expect("client lock");
-            if self.is_broken() {
-                return Err(io::ErrorKind::BrokenPipe.into());
-            }
-            let mut next = self.next_tag.lock().expect("client lock");
-            // A tag still waiting for its reply is skipped; there are far fewer callers than tags.
-            loop {
-                *next = (*next + 1) % TAG_LIMIT;
-                if !waiting.contains_key(&*next) {
-                    break;
-                }
-            }
-            waiting.insert(*next, tx);
-            *next
-        };
+        let tag = self
+            .register(Waiter::Caller(tx))
+            .map_err(|_| io::Error::from(io::ErrorKind::BrokenPipe))?;
         let sent = write_frame(
             &mut *self.writer.lock().expect("client lock"),
             kind,
             tag,
-            &body,
+            body,
         );
         if let Err(e) = sent {
             self.shared.break_off();
@@ -343,17 +387,25 @@ impl Client {
         rx.recv().map_err(|_| io::ErrorKind::BrokenPipe.into())
     }
 
+    /// The socket, held for one request sent without waiting for its reply. None when another
+    /// thread is sending and `wait` is false: a thread that must not block (FUSE's) then hands
+    /// the request to one that may.
+    pub fn sending(&self, wait: bool) -> Option<Sending<'_>> {
+        let socket = match self.writer.try_lock() {
+            Ok(s) => s,
+            Err(TryLockError::WouldBlock) if wait => self.writer.lock().expect("client lock"),
+            Err(TryLockError::WouldBlock) => return None,
+            Err(TryLockError::Poisoned(_)) => panic!("client lock poisoned"),
+        };
+        Some(Sending {
+            client: self,
+            socket,
+        })
+    }
+
     /// One request and its reply's body; an Rlerror becomes its errno, a broken connection EIO.
     fn rpc(&self, kind: u8, body: Body) -> Res<Parse> {
-        let (rkind, b) = self.rpc_raw(kind, body).map_err(|_| libc::EIO)?;
-        let mut p = Parse::new(b);
-        if rkind == TLERROR_RLERROR {
-            return Err(p.u32()? as i32);
-        }
-        if rkind != kind + 1 {
-            return Err(libc::EIO);
-        }
-        Ok(p)
+        reply_body(kind, self.rpc_raw(kind, body))
     }
 
     /// Attaches as `uid` to `aname`; answers the root fid and its qid.
@@ -698,14 +750,84 @@ impl Drop for Client {
     }
 }
 
-fn write_frame(w: &mut impl Write, kind: u8, tag: u16, body: &Body) -> io::Result<()> {
-    let mut frame = ((HEADER_BYTES + body.0.len()) as u32)
-        .to_le_bytes()
-        .to_vec();
-    frame.push(kind);
-    frame.extend_from_slice(&tag.to_le_bytes());
-    frame.extend_from_slice(&body.0);
-    w.write_all(&frame)
+/// One request on its way, its reply to be taken by a function on the reader thread. That
+/// function must neither send on this client nor wait for another of its replies: the thread
+/// running it is the one that reads them, and a send can wait for the server, which can wait
+/// for that thread. It runs exactly once, with the reply or with the connection's error.
+pub struct Sending<'a> {
+    client: &'a Client,
+    socket: MutexGuard<'a, Socket>,
+}
+
+impl Sending<'_> {
+    /// Twrite of `data` (up to `Client::io_size` of it); `then` gets the count written.
+    pub fn write_then(
+        self,
+        fid: u32,
+        offset: u64,
+        data: &[u8],
+        then: impl FnOnce(Res<u32>) + Send + 'static,
+    ) {
+        let data = &data[..data.len().min(self.client.io_size())];
+        let body = Body::default()
+            .u32(fid)
+            .u64(offset)
+            .u32(data.len() as u32)
+            .raw(data);
+        self.send(
+            118,
+            body,
+            Box::new(move |r| then(reply_body(118, r).and_then(|mut p| p.u32()))),
+        );
+    }
+
+    /// Tfsync; `then` gets its outcome.
+    pub fn fsync_then(self, fid: u32, datasync: bool, then: impl FnOnce(Res<()>) + Send + 'static) {
+        let body = Body::default().u32(fid).u32(u32::from(datasync));
+        self.send(
+            50,
+            body,
+            Box::new(move |r| then(reply_body(50, r).map(|_| ()))),
+        );
+    }
+
+    fn send(mut self, kind: u8, body: Body, then: Then) {
+        let tag = match self.client.register(Waiter::Then(then)) {
+            Ok(tag) => tag,
+            Err(Waiter::Then(then)) => {
+                drop(self.socket);
+                return then(Err(io::ErrorKind::BrokenPipe.into()));
+            }
+            Err(Waiter::Caller(_)) => unreachable!("registered as a function"),
+        };
+        if write_frame(&mut *self.socket, kind, tag, body).is_err() {
+            drop(self.socket);
+            // Runs `then` with the error, with every other request in flight.
+            self.client.shared.break_off();
+        }
+    }
+}
+
+/// A reply's body; an Rlerror becomes its errno, a broken connection or a reply of the wrong
+/// type EIO.
+fn reply_body(kind: u8, reply: io::Result<Reply>) -> Res<Parse> {
+    let (rkind, b) = reply.map_err(|_| libc::EIO)?;
+    let mut p = Parse::new(b);
+    if rkind == TLERROR_RLERROR {
+        return Err(p.u32()? as i32);
+    }
+    if rkind != kind + 1 {
+        return Err(libc::EIO);
+    }
+    Ok(p)
+}
+
+fn write_frame(w: &mut impl Write, kind: u8, tag: u16, mut body: Body) -> io::Result<()> {
+    let size = body.0.len() as u32;
+    body.0[..4].copy_from_slice(&size.to_le_bytes());
+    body.0[4] = kind;
+    body.0[5..7].copy_from_slice(&tag.to_le_bytes());
+    w.write_all(&body.0)
 }
 
 /// One frame: its type, tag and body. A size outside [header, limit] breaks the protocol.
@@ -730,8 +852,8 @@ fn read_replies(mut socket: Socket, msize: u32, shared: &Shared) {
     while let Ok((kind, tag, body)) = read_frame(&mut socket, msize.max(crate::limits::MSIZE_MIN)) {
         let waiter = shared.waiting.lock().expect("client lock").remove(&tag);
         // A reply nobody waits for (a tag never sent) is a broken server.
-        let Some(tx) = waiter else { break };
-        let _ = tx.send((kind, body));
+        let Some(waiter) = waiter else { break };
+        Shared::deliver(waiter, (kind, body));
     }
     shared.break_off();
     socket.shutdown();

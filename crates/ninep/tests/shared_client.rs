@@ -1,6 +1,8 @@
 //! The blocking client shared by many threads against the real server over TCP: replies reach
 //! the caller that asked, whatever order the server answers in, and a server that goes away
-//! breaks the connection for everyone with EIO instead of leaving a caller waiting.
+//! breaks the connection for everyone with EIO instead of leaving a caller waiting. Requests
+//! sent without waiting (`Client::sending`) have their function run once, with the reply or
+//! with the connection's error.
 
 use bucketfs_engine::bucket::open_url;
 use bucketfs_engine::{Engine, EngineOptions};
@@ -62,6 +64,75 @@ async fn threads_share_one_connection() {
         t.join().unwrap();
     }
     assert!(!c.is_broken());
+
+    // Writes and fsyncs sent without waiting, from several threads, beside waiting calls:
+    // every function runs once with its own reply.
+    let (f, _) = c.walk(root, &[]).unwrap();
+    c.lcreate(f, b"then", O_RDWR, 0o644, 0).unwrap();
+    let (done_tx, done) = std::sync::mpsc::channel();
+    let senders: Vec<_> = (0..4u64)
+        .map(|t| {
+            let (c, done_tx) = (c.clone(), done_tx.clone());
+            std::thread::spawn(move || {
+                for i in 0..32u64 {
+                    let at = (t * 32 + i) * 4096;
+                    let tx = done_tx.clone();
+                    let block = vec![(t * 32 + i) as u8; 4096];
+                    c.sending(true)
+                        .unwrap()
+                        .write_then(f, at, &block, move |r| tx.send(("write", r)).unwrap());
+                    if i % 8 == 7 {
+                        let tx = done_tx.clone();
+                        c.sending(true).unwrap().fsync_then(f, false, move |r| {
+                            tx.send(("fsync", r.map(|()| 0))).unwrap()
+                        });
+                    }
+                    assert!(c.getattr(f).is_ok());
+                }
+            })
+        })
+        .collect();
+    drop(done_tx);
+    for t in senders {
+        t.join().unwrap();
+    }
+    let replies: Vec<_> = done.iter().collect();
+    assert_eq!(
+        replies
+            .iter()
+            .filter(|(k, r)| *k == "write" && *r == Ok(4096))
+            .count(),
+        128
+    );
+    assert_eq!(
+        replies
+            .iter()
+            .filter(|(k, r)| *k == "fsync" && *r == Ok(0))
+            .count(),
+        16
+    );
+    assert_eq!(replies.len(), 144, "every function ran exactly once");
+    let got: Vec<u8> = (0..8u64)
+        .flat_map(|i| c.read(f, i * 65536, 65536).unwrap())
+        .collect();
+    assert_eq!(got.len(), 128 * 4096);
+    assert!(got
+        .chunks(4096)
+        .enumerate()
+        .all(|(i, b)| b.iter().all(|&x| x == i as u8)));
+    // An Rlerror reaches the function as its errno: a write through a fid never made, which
+    // the server answers with EINVAL.
+    let (tx, rx) = std::sync::mpsc::channel();
+    c.sending(true)
+        .unwrap()
+        .write_then(9999, 0, b"x", move |r| tx.send(r).unwrap());
+    assert_eq!(rx.recv().unwrap(), Err(libc::EINVAL));
+    // While one thread holds the socket, one that must not wait is told so.
+    let held = c.sending(true).unwrap();
+    assert!(c.sending(false).is_none());
+    drop(held);
+    assert!(c.sending(false).is_some());
+
     // Errors still reach their caller: ENOENT for a missing name.
     assert_eq!(c.walk(root, &[b"missing"]).unwrap_err(), libc::ENOENT);
 
@@ -102,4 +173,59 @@ fn a_server_that_hangs_up_breaks_the_connection() {
     }
     assert!(c.is_broken(), "the hang-up went unnoticed");
     assert_eq!(c.attach(0, b"").unwrap_err(), libc::EIO);
+}
+
+/// A server that reads one request after Tversion and hangs up without answering it: the
+/// function of the request in flight runs once, with EIO, and so does one sent afterwards.
+#[test]
+fn a_request_in_flight_when_the_server_hangs_up_gets_eio() {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let mut read_frame = || {
+            let mut head = [0u8; 7];
+            s.read_exact(&mut head).unwrap();
+            let size = u32::from_le_bytes(head[..4].try_into().unwrap()) as usize;
+            let mut rest = vec![0u8; size - 7];
+            s.read_exact(&mut rest).unwrap();
+            head[4]
+        };
+        assert_eq!(read_frame(), 100);
+        let mut reply = Vec::new();
+        reply.extend_from_slice(&(7u32 + 4 + 2 + 8).to_le_bytes());
+        reply.push(101);
+        reply.extend_from_slice(&0xffffu16.to_le_bytes());
+        reply.extend_from_slice(&8192u32.to_le_bytes());
+        reply.extend_from_slice(&8u16.to_le_bytes());
+        reply.extend_from_slice(b"9P2000.L");
+        s.write_all(&reply).unwrap();
+        let mut read_frame = || {
+            let mut head = [0u8; 7];
+            s.read_exact(&mut head).unwrap();
+            let size = u32::from_le_bytes(head[..4].try_into().unwrap()) as usize;
+            let mut rest = vec![0u8; size - 7];
+            s.read_exact(&mut rest).unwrap();
+            head[4]
+        };
+        // Tfsync, then hang up.
+        assert_eq!(read_frame(), 50);
+    });
+    let c = Client::connect(&addr, 65536).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let first = tx.clone();
+    c.sending(true)
+        .unwrap()
+        .fsync_then(7, false, move |r| first.send(r).unwrap());
+    server.join().unwrap();
+    let timeout = std::time::Duration::from_secs(10);
+    assert_eq!(rx.recv_timeout(timeout).unwrap(), Err(libc::EIO));
+    assert!(c.is_broken());
+    c.sending(true)
+        .unwrap()
+        .write_then(7, 0, b"late", move |r| tx.send(r.map(|_| ())).unwrap());
+    assert_eq!(rx.recv_timeout(timeout).unwrap(), Err(libc::EIO));
+    // Both functions ran and dropped their senders: nothing else arrives.
+    assert!(rx.recv_timeout(timeout).is_err());
 }

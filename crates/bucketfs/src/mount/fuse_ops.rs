@@ -374,18 +374,24 @@ impl Filesystem for Mount {
             Ok(x) => x,
             Err(e) => return reply.error(e),
         };
-        let data = data.to_vec();
-        self.workers.run(move || {
-            let mut done = 0usize;
-            while done < data.len() {
-                match c.write(f, offset as u64 + done as u64, &data[done..]) {
-                    Ok(0) => return reply.error(libc::EIO),
-                    Ok(n) => done += n as usize,
-                    Err(e) => return reply.error(e),
-                }
+        let job = replies::WriteJob {
+            client: c,
+            fid: f,
+            offset: offset as u64,
+            data: data.into(),
+            done: 0,
+            reply,
+            workers: self.workers.clone(),
+        };
+        let job = if data.len() <= replies::INLINE_WRITE_BYTES_MAX {
+            match job.try_send() {
+                Ok(()) => return,
+                Err(job) => job,
             }
-            reply.written(done as u32)
-        });
+        } else {
+            job
+        };
+        self.workers.run(move || job.send());
     }
 
     fn flush(&mut self, _req: &Request<'_>, ino: u64, fh: u64, owner: u64, reply: ReplyEmpty) {
@@ -454,13 +460,17 @@ impl Filesystem for Mount {
                 return reply.error(r.expect_err("an error stays one"));
             }
         };
-        self.workers.run(move || {
-            let r = c.fsync(f, datasync);
-            match errors.lock().expect("write errors lock").fsynced(fh, r) {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(e),
-            }
-        });
+        let job = replies::FsyncJob {
+            client: c,
+            fid: f,
+            datasync,
+            fh,
+            errors,
+            reply,
+        };
+        if let Err(job) = job.try_send() {
+            self.workers.run(move || job.send());
+        }
     }
 
     fn opendir(&mut self, req: &Request<'_>, ino: u64, _flags: i32, reply: ReplyOpen) {

@@ -15,6 +15,7 @@
 
 mod fuse_ops;
 mod locks;
+mod replies;
 mod write_errors;
 
 use bucketfs_ninep::client::{Attr, Client, Res, SetAttr};
@@ -537,7 +538,8 @@ impl Mount {
     }
 }
 
-/// A fixed pool of threads running jobs from a queue.
+/// A fixed pool of threads running jobs from a queue; a clone queues to the same threads.
+#[derive(Clone)]
 struct Workers {
     queue: mpsc::Sender<Box<dyn FnOnce() + Send>>,
 }
