@@ -100,9 +100,11 @@ impl Fs {
         caller: &Caller,
         ino: u64,
         offset: u64,
-        data: &[u8],
+        data: impl Into<Vec<u8>>,
         append: bool,
     ) -> Result<Inode, FsError> {
+        // Owned data (a 9P write's buffer) moves into the change without a copy.
+        let data: Vec<u8> = data.into();
         let _held = self.locks.lock(&[ino]).await;
         let mut c = Change::new(self);
         let mut inode = c.inode(ino).await?;
@@ -130,7 +132,7 @@ impl Fs {
             }
         }
         if !data.is_empty() {
-            c.write(ino, offset, data.to_vec());
+            c.write(ino, offset, data);
         }
         c.put_inode(&inode);
         c.commit().await?;

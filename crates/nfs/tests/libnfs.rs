@@ -44,7 +44,7 @@ async fn libnfs_tools_list_read_and_write_the_tree() {
         .await
         .unwrap();
     let text = b"hello over NFSv3\n".repeat(5000);
-    fs.write_file(&root, hello.ino, 0, &text, false)
+    fs.write_file(&root, hello.ino, 0, text.as_slice(), false)
         .await
         .unwrap();
     for i in 0..300 {

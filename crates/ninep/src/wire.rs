@@ -247,6 +247,32 @@ impl<'a> Cursor<'a> {
 }
 
 /// Decodes the body of a request of type `kind` (the bytes after the header).
+/// Twrite's type.
+pub const TWRITE: u8 = 118;
+/// Twrite's fixed fields after the header: fid[4] offset[8] count[4].
+pub const TWRITE_FIXED_BYTES: usize = 16;
+
+/// Twrite from its fixed fields and the rest of its message, which becomes the data without a
+/// copy: as `decode` answers for the whole body.
+pub fn decode_write(
+    fixed: &[u8; TWRITE_FIXED_BYTES],
+    rest: Vec<u8>,
+) -> Result<Request, DecodeError> {
+    let mut c = Cursor { b: fixed };
+    let (fid, offset, n) = (c.u32()?, c.u64()?, c.u32()? as usize);
+    if rest.len() < n {
+        return Err(DecodeError::Short);
+    }
+    if rest.len() > n {
+        return Err(DecodeError::Trailing);
+    }
+    Ok(Request::Write {
+        fid,
+        offset,
+        data: rest,
+    })
+}
+
 pub fn decode(kind: u8, body: &[u8]) -> Result<Request, DecodeError> {
     let mut c = Cursor { b: body };
     let r = match kind {
@@ -282,7 +308,7 @@ pub fn decode(kind: u8, body: &[u8]) -> Result<Request, DecodeError> {
             offset: c.u64()?,
             count: c.u32()?,
         },
-        118 => {
+        TWRITE => {
             let (fid, offset) = (c.u32()?, c.u64()?);
             let n = c.u32()? as usize;
             Request::Write {
@@ -459,6 +485,38 @@ impl Reply {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn twrite_decodes_the_same_from_its_parts() {
+        let mut body = Vec::new();
+        body.extend_from_slice(&7u32.to_le_bytes());
+        body.extend_from_slice(&(1u64 << 40).to_le_bytes());
+        body.extend_from_slice(&5u32.to_le_bytes());
+        body.extend_from_slice(b"hello, and more");
+        let parts = |body: &[u8]| {
+            let fixed: [u8; TWRITE_FIXED_BYTES] = body[..TWRITE_FIXED_BYTES].try_into().unwrap();
+            decode_write(&fixed, body[TWRITE_FIXED_BYTES..].to_vec())
+        };
+        // Count 5, 15 bytes of data, 100: trailing, whole, short.
+        for (count, expect) in [
+            (5u32, Err(DecodeError::Trailing)),
+            (15, Ok(())),
+            (100, Err(DecodeError::Short)),
+        ] {
+            body[12..16].copy_from_slice(&count.to_le_bytes());
+            let whole = decode(TWRITE, &body);
+            assert_eq!(parts(&body), whole, "count {count}");
+            assert_eq!(whole.as_ref().map(|_| ()), expect.as_ref().map(|_| ()));
+        }
+        body[12..16].copy_from_slice(&15u32.to_le_bytes());
+        let Ok(Request::Write { fid, offset, data }) = parts(&body) else {
+            panic!("a whole Twrite decodes");
+        };
+        assert_eq!(
+            (fid, offset, &data[..]),
+            (7, 1 << 40, &b"hello, and more"[..])
+        );
+    }
 
     fn body(parts: &[&[u8]]) -> Vec<u8> {
         parts.concat()

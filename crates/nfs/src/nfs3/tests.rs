@@ -565,7 +565,7 @@ async fn null_read_readdir_readdirplus_and_fsstat() {
         .await
         .unwrap();
     let data: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
-    fs.write_file(&root, file.ino, 0, &data, false)
+    fs.write_file(&root, file.ino, 0, data.as_slice(), false)
         .await
         .unwrap();
     let file = fs.getattr(file.ino).await.unwrap();

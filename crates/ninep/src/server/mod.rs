@@ -24,6 +24,8 @@ use tokio::sync::{mpsc, Semaphore};
 use tracing::{debug, info_span, warn, Instrument};
 
 const VERSION_9P2000_L: &[u8] = b"9P2000.L";
+/// The buffer a connection's messages are read through.
+const READ_BUFFER_BYTES: usize = 64 * 1024;
 
 /// One 9P server: the filesystem it serves and what its connections share.
 pub struct Server {
@@ -146,7 +148,9 @@ impl Server {
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
-        let (mut rd, mut wr) = tokio::io::split(stream);
+        let (rd, mut wr) = tokio::io::split(stream);
+        // Small requests come several to a read; a large Twrite's data bypasses the buffer.
+        let mut rd = tokio::io::BufReader::with_capacity(READ_BUFFER_BYTES, rd);
         let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
         let writer = tokio::spawn(async move {
             while let Some(frame) = rx.recv().await {
@@ -181,6 +185,39 @@ impl Server {
     }
 }
 
+/// Reads the rest of a message (`len` bytes after its size) and decodes it: its type, its tag
+/// and the request. A Twrite's data is read into a buffer of its own, which moves down to the
+/// engine without a copy; no buffer is zeroed before the socket fills it.
+async fn read_request<R: AsyncRead + Unpin>(
+    rd: &mut R,
+    len: usize,
+) -> io::Result<(u8, u16, Result<Request, DecodeError>)> {
+    let mut head = [0u8; 3];
+    rd.read_exact(&mut head).await?;
+    let (kind, tag) = (head[0], u16::from_le_bytes([head[1], head[2]]));
+    let body_len = len - 3;
+    if kind == wire::TWRITE && body_len >= wire::TWRITE_FIXED_BYTES {
+        let mut fixed = [0u8; wire::TWRITE_FIXED_BYTES];
+        rd.read_exact(&mut fixed).await?;
+        let data = read_vec(rd, body_len - wire::TWRITE_FIXED_BYTES).await?;
+        return Ok((kind, tag, wire::decode_write(&fixed, data)));
+    }
+    let body = read_vec(rd, body_len).await?;
+    Ok((kind, tag, wire::decode(kind, &body)))
+}
+
+/// Exactly `n` bytes, read into fresh memory without zeroing it first.
+async fn read_vec<R: AsyncRead + Unpin>(rd: &mut R, n: usize) -> io::Result<Vec<u8>> {
+    let mut v = Vec::with_capacity(n);
+    while v.len() < n {
+        let want = (n - v.len()) as u64;
+        if (&mut *rd).take(want).read_buf(&mut v).await? == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+    }
+    Ok(v)
+}
+
 impl Connection {
     async fn read_loop<R: AsyncRead + Unpin>(
         self: Arc<Self>,
@@ -203,11 +240,8 @@ impl Connection {
                     format!("message of {size} bytes (msize {msize})"),
                 ));
             }
-            let mut frame = vec![0u8; size as usize - 4];
-            rd.read_exact(&mut frame).await?;
-            let kind = frame[0];
-            let tag = u16::from_le_bytes([frame[1], frame[2]]);
-            let request = match wire::decode(kind, &frame[3..]) {
+            let (kind, tag, decoded) = read_request(rd, size as usize - 4).await?;
+            let request = match decoded {
                 Ok(r) => r,
                 Err(e) => {
                     let errno = match e {

@@ -200,10 +200,11 @@ impl Connection {
                     Some(_) => return Err(FsError::Access),
                     None => return Err(einval("write to an unopened fid")),
                 };
+                let n = data.len() as u32;
                 self.fs()
-                    .write_file(&f.caller, f.ino, offset, &data, o.append)
+                    .write_file(&f.caller, f.ino, offset, data, o.append)
                     .await?;
-                r.u32(data.len() as u32);
+                r.u32(n);
             }
             Request::Clunk { fid } => {
                 let f = self.fids.lock().remove(&fid).ok_or_else(ebadf)?;
