@@ -24,6 +24,30 @@ async fn serve() -> (String, tokio::task::JoinHandle<std::io::Result<()>>) {
     (addr, tokio::spawn(Server::new(fs).serve_tcp(listener)))
 }
 
+/// Reads one request frame from a hand-made server's socket; answers its type.
+fn read_request(s: &mut std::net::TcpStream) -> u8 {
+    use std::io::Read;
+    let mut head = [0u8; 7];
+    s.read_exact(&mut head).unwrap();
+    let size = u32::from_le_bytes(head[..4].try_into().unwrap()) as usize;
+    let mut rest = vec![0u8; size - 7];
+    s.read_exact(&mut rest).unwrap();
+    head[4]
+}
+
+/// Rversion: msize 8192, "9P2000.L", tag NOTAG.
+fn send_rversion(s: &mut std::net::TcpStream) {
+    use std::io::Write;
+    let mut reply = Vec::new();
+    reply.extend_from_slice(&(7u32 + 4 + 2 + 8).to_le_bytes());
+    reply.push(101);
+    reply.extend_from_slice(&0xffffu16.to_le_bytes());
+    reply.extend_from_slice(&8192u32.to_le_bytes());
+    reply.extend_from_slice(&8u16.to_le_bytes());
+    reply.extend_from_slice(b"9P2000.L");
+    s.write_all(&reply).unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn threads_share_one_connection() {
     let (addr, server) = serve().await;
@@ -143,25 +167,12 @@ async fn threads_share_one_connection() {
 /// answers EIO at once instead of waiting.
 #[test]
 fn a_server_that_hangs_up_breaks_the_connection() {
-    use std::io::{Read, Write};
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let server = std::thread::spawn(move || {
         let (mut s, _) = listener.accept().unwrap();
-        let mut head = [0u8; 7];
-        s.read_exact(&mut head).unwrap();
-        let size = u32::from_le_bytes(head[..4].try_into().unwrap()) as usize;
-        let mut rest = vec![0u8; size - 7];
-        s.read_exact(&mut rest).unwrap();
-        // Rversion: msize 8192, "9P2000.L", tag NOTAG.
-        let mut reply = Vec::new();
-        reply.extend_from_slice(&(7u32 + 4 + 2 + 8).to_le_bytes());
-        reply.push(101);
-        reply.extend_from_slice(&0xffffu16.to_le_bytes());
-        reply.extend_from_slice(&8192u32.to_le_bytes());
-        reply.extend_from_slice(&8u16.to_le_bytes());
-        reply.extend_from_slice(b"9P2000.L");
-        s.write_all(&reply).unwrap();
+        assert_eq!(read_request(&mut s), 100);
+        send_rversion(&mut s);
     });
     let c = Client::connect(&addr, 65536).unwrap();
     server.join().unwrap();
@@ -179,38 +190,14 @@ fn a_server_that_hangs_up_breaks_the_connection() {
 /// function of the request in flight runs once, with EIO, and so does one sent afterwards.
 #[test]
 fn a_request_in_flight_when_the_server_hangs_up_gets_eio() {
-    use std::io::{Read, Write};
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let server = std::thread::spawn(move || {
         let (mut s, _) = listener.accept().unwrap();
-        let mut read_frame = || {
-            let mut head = [0u8; 7];
-            s.read_exact(&mut head).unwrap();
-            let size = u32::from_le_bytes(head[..4].try_into().unwrap()) as usize;
-            let mut rest = vec![0u8; size - 7];
-            s.read_exact(&mut rest).unwrap();
-            head[4]
-        };
-        assert_eq!(read_frame(), 100);
-        let mut reply = Vec::new();
-        reply.extend_from_slice(&(7u32 + 4 + 2 + 8).to_le_bytes());
-        reply.push(101);
-        reply.extend_from_slice(&0xffffu16.to_le_bytes());
-        reply.extend_from_slice(&8192u32.to_le_bytes());
-        reply.extend_from_slice(&8u16.to_le_bytes());
-        reply.extend_from_slice(b"9P2000.L");
-        s.write_all(&reply).unwrap();
-        let mut read_frame = || {
-            let mut head = [0u8; 7];
-            s.read_exact(&mut head).unwrap();
-            let size = u32::from_le_bytes(head[..4].try_into().unwrap()) as usize;
-            let mut rest = vec![0u8; size - 7];
-            s.read_exact(&mut rest).unwrap();
-            head[4]
-        };
+        assert_eq!(read_request(&mut s), 100);
+        send_rversion(&mut s);
         // Tfsync, then hang up.
-        assert_eq!(read_frame(), 50);
+        assert_eq!(read_request(&mut s), 50);
     });
     let c = Client::connect(&addr, 65536).unwrap();
     let (tx, rx) = std::sync::mpsc::channel();

@@ -1,5 +1,6 @@
 //! The FUSE operations of `bucketfs mount`, each as 9P requests on the caller's fids.
 
+use super::replies::Sent;
 use super::*;
 
 fn gid_of(req: &Request<'_>) -> u32 {

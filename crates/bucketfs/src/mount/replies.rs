@@ -14,6 +14,32 @@ use bucketfs_ninep::client::{Client, Res, Sending};
 use fuser::{ReplyEmpty, ReplyWrite};
 use std::sync::{Arc, Mutex};
 
+/// A request whose reply the reader thread takes.
+pub(super) trait Sent: Sized {
+    fn client(&self) -> Arc<Client>;
+    /// Sends it on the socket held; its reply completes it on the reader thread.
+    fn send_on(self, s: Sending<'_>);
+
+    /// Sends it from the calling thread, or gives it back if another thread is sending.
+    fn try_send(self) -> Result<(), Self> {
+        let client = self.client();
+        let Some(s) = client.sending(false) else {
+            return Err(self);
+        };
+        self.send_on(s);
+        Ok(())
+    }
+
+    /// Sends it, waiting for the socket if another thread is sending.
+    fn send(self) {
+        let client = self.client();
+        let s = client
+            .sending(true)
+            .expect("a waiting send gets the socket");
+        self.send_on(s)
+    }
+}
+
 /// Writes of at most this many bytes may be sent by the FUSE thread itself.
 pub(super) const INLINE_WRITE_BYTES_MAX: usize = 64 * 1024;
 
@@ -28,24 +54,9 @@ pub(super) struct WriteJob {
     pub workers: Workers,
 }
 
-impl WriteJob {
-    /// Sends it from the calling thread, or gives it back if another thread is sending.
-    pub fn try_send(self) -> Result<(), WriteJob> {
-        let client = self.client.clone();
-        let Some(s) = client.sending(false) else {
-            return Err(self);
-        };
-        self.send_on(s);
-        Ok(())
-    }
-
-    /// Sends it, waiting for the socket if another thread is sending.
-    pub fn send(self) {
-        let client = self.client.clone();
-        let s = client
-            .sending(true)
-            .expect("a waiting send gets the socket");
-        self.send_on(s)
+impl Sent for WriteJob {
+    fn client(&self) -> Arc<Client> {
+        self.client.clone()
     }
 
     fn send_on(self, s: Sending<'_>) {
@@ -53,7 +64,9 @@ impl WriteJob {
         let at = self.offset + self.done as u64;
         s.write_then(self.fid, at, &data[self.done..], move |r| self.replied(r));
     }
+}
 
+impl WriteJob {
     /// On the reader thread: answers the kernel, or hands what is left to a worker (the reader
     /// thread must not send).
     fn replied(mut self, r: Res<u32>) {
@@ -84,24 +97,9 @@ pub(super) struct FsyncJob {
     pub reply: ReplyEmpty,
 }
 
-impl FsyncJob {
-    /// Sends it from the calling thread, or gives it back if another thread is sending.
-    pub fn try_send(self) -> Result<(), FsyncJob> {
-        let client = self.client.clone();
-        let Some(s) = client.sending(false) else {
-            return Err(self);
-        };
-        self.send_on(s);
-        Ok(())
-    }
-
-    /// Sends it, waiting for the socket if another thread is sending.
-    pub fn send(self) {
-        let client = self.client.clone();
-        let s = client
-            .sending(true)
-            .expect("a waiting send gets the socket");
-        self.send_on(s)
+impl Sent for FsyncJob {
+    fn client(&self) -> Arc<Client> {
+        self.client.clone()
     }
 
     fn send_on(self, s: Sending<'_>) {
