@@ -20,7 +20,9 @@ pub(super) enum Dirty {
 /// batches and the committed state only, and are sealed before its entries.
 #[derive(Default, Clone)]
 pub(super) struct Batch {
-    pub(super) extents: HashMap<(u64, u64), Dirty>,
+    /// In (inode, index) order, so that one file's entries are a range: a scoped barrier or a
+    /// cut reads its own file's entries, not every file's unflushed data.
+    pub(super) extents: BTreeMap<(u64, u64), Dirty>,
     pub(super) kv: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
     /// Extent index ranges `from..to` cut, per inode.
     pub(super) extent_cuts: BTreeMap<u64, Vec<(u64, u64)>>,
@@ -103,8 +105,14 @@ impl Batch {
         if from >= to {
             return;
         }
-        self.extents
-            .retain(|&(i, x), _| i != ino || x < from || x >= to);
+        let doomed: Vec<(u64, u64)> = self
+            .extents
+            .range((ino, from)..(ino, to))
+            .map(|(k, _)| *k)
+            .collect();
+        for k in doomed {
+            self.extents.remove(&k);
+        }
         self.extent_cuts.entry(ino).or_default().push((from, to));
     }
 

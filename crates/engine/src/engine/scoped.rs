@@ -136,8 +136,7 @@ impl Batch {
         };
         out.extents = self
             .extents
-            .iter()
-            .filter(|((ino, _), _)| *ino == scope.ino)
+            .range((scope.ino, 0)..=(scope.ino, u64::MAX))
             .map(|(k, d)| (*k, d.clone()))
             .collect();
         if let Some(cuts) = self.extent_cuts.get(&scope.ino) {

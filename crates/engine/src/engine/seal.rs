@@ -98,6 +98,8 @@ impl Engine {
         let kv_cuts = batch.kv_cuts.len();
         ops.splice(0..0, batch.cut_ops().take(kv_cuts));
         ops.extend(batch.cut_ops().skip(kv_cuts));
+        // In (inode, index) order, as the batch keeps them: a file's neighbouring extents are
+        // neighbours in the object.
         let mut data: Vec<(u64, u64, &Arc<Vec<u8>>, Codec)> = Vec::new();
         for ((ino, index), d) in &batch.extents {
             match d {
@@ -109,7 +111,6 @@ impl Engine {
                 }),
             }
         }
-        data.sort_unstable_by_key(|(ino, index, _, _)| (*ino, *index));
         let threads = cpu_count()
             .min(
                 data.len()
