@@ -398,10 +398,35 @@ mod tests {
     }
 
     #[test]
+    fn a_cut_removes_its_own_inodes_entries_in_its_range_only() {
+        let mut b = Batch::default();
+        for ino in 1..=3 {
+            for index in 0..10 {
+                b.extents.insert((ino, index), Dirty::Hole);
+            }
+        }
+        b.cut_extents(2, 3, 7);
+        let left: Vec<u64> = b
+            .extents
+            .keys()
+            .filter(|(ino, _)| *ino == 2)
+            .map(|&(_, index)| index)
+            .collect();
+        assert_eq!(left, vec![0, 1, 2, 7, 8, 9]);
+        assert_eq!(b.extents.len(), 26);
+        assert_eq!(b.extent_cuts.get(&2), Some(&vec![(3, 7)]));
+        b.cut_extents(2, 5, 5);
+        assert_eq!(b.extents.len(), 26, "an empty cut removes nothing");
+    }
+
+    #[test]
     fn a_batch_within_a_scope_keeps_only_its_extents_pairs_and_clipped_cuts() {
         let mut b = Batch::default();
         b.extents.insert((1, 0), Dirty::Hole);
+        b.extents.insert((1, u64::MAX), Dirty::Hole);
         b.extents.insert((2, 0), Dirty::Hole);
+        b.extents.insert((2, u64::MAX), Dirty::Hole);
+        b.extents.insert((3, 0), Dirty::Hole);
         b.extent_cuts.insert(2, vec![(3, 9)]);
         b.kv.insert(b"a1".to_vec(), Some(vec![1]));
         b.kv.insert(b"a2".to_vec(), None);
@@ -411,7 +436,10 @@ mod tests {
             key_ranges: vec![(b"a2".to_vec(), b"a3".to_vec())],
         };
         let w = b.within(&scope);
-        assert_eq!(w.extents.keys().copied().collect::<Vec<_>>(), vec![(2, 0)]);
+        assert_eq!(
+            w.extents.keys().copied().collect::<Vec<_>>(),
+            vec![(2, 0), (2, u64::MAX)]
+        );
         assert_eq!(w.extent_cuts.get(&2), Some(&vec![(3, 9)]));
         assert_eq!(
             w.kv.keys().cloned().collect::<Vec<_>>(),
