@@ -22,7 +22,7 @@ def drop_caches():
 
 def p99_write_fsync(path, count, until=None):
     """p99 in ms of `count` 4 KiB write + fsync pairs (fewer if `until` is set first, at least
-    20)."""
+    20), and how many were made."""
     lat = []
     fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
     block = os.urandom(4096)
@@ -35,20 +35,25 @@ def p99_write_fsync(path, count, until=None):
         lat.append(time.perf_counter() - t)
     os.close(fd)
     lat.sort()
-    return lat[int(len(lat) * 0.99) - 1] * 1000
+    return lat[int(len(lat) * 0.99) - 1] * 1000, len(lat)
 
 
-# Write + fsync pairs per probe: the p99 is then the fifth worst.
-PROBES = 400
+# Write + fsync pairs measured idle: the p99 is then the 20th worst. A p99 over a few hundred
+# pairs swings by 2x from run to run on a busy 2-core machine
+# (docs/benchmarks/2026-12-01-fsync-beside-a-streamer-per-hop.md).
+IDLE_PROBES = 2000
+# Beside a streamer, pairs go on for as long as it writes its 2 GiB (thousands of them), up to
+# this many.
+BUSY_PROBES_MAX = 100000
 # The durable streamer's fdatasync interval: a writer that wants its data on disk as it goes (a
 # bulk load, `dd oflag=dsync` in large blocks), so every target has to write it meanwhile.
 DURABLE_EVERY_MIB = 16
 
 
 def p99_beside_streamer(root, small, chunk, fsync_every_mib):
-    """The p99 of 4 KiB write + fsync pairs while another thread writes up to 2 GiB to another
-    file in 1 MiB writes (the issue's condition), with an fdatasync every `fsync_every_mib` MiB
-    if that is not 0; and the streamer's MB/s."""
+    """The p99 of 4 KiB write + fsync pairs while another thread writes 2 GiB to another file in
+    1 MiB writes (the issue's condition), with an fdatasync every `fsync_every_mib` MiB if that
+    is not 0; how many pairs were made; and the streamer's MB/s."""
     stop, done = threading.Event(), threading.Event()
     streamed = []
 
@@ -68,11 +73,11 @@ def p99_beside_streamer(root, small, chunk, fsync_every_mib):
     writer = threading.Thread(target=stream)
     writer.start()
     time.sleep(0.5)
-    p99 = p99_write_fsync(small, PROBES, until=done)
+    p99, n = p99_write_fsync(small, BUSY_PROBES_MAX, until=done)
     stop.set()
     writer.join()
     os.unlink(os.path.join(root, "stream"))
-    return p99, streamed[0]
+    return p99, n, streamed[0]
 
 
 def main():
@@ -122,9 +127,10 @@ def main():
     subprocess.run(["rm", "-rf", tree], check=True)
 
     small = os.path.join(root, "fsynced")
-    out["fsync_4k_p99_ms_idle"] = p99_write_fsync(small, PROBES)
-    out["fsync_4k_p99_ms_busy"], out["stream_mb_s"] = p99_beside_streamer(root, small, chunk, 0)
-    (out["fsync_4k_p99_ms_busy_durable"],
+    out["fsync_4k_p99_ms_idle"], _ = p99_write_fsync(small, IDLE_PROBES)
+    (out["fsync_4k_p99_ms_busy"], out["busy_probes"],
+     out["stream_mb_s"]) = p99_beside_streamer(root, small, chunk, 0)
+    (out["fsync_4k_p99_ms_busy_durable"], out["busy_durable_probes"],
      out["stream_durable_mb_s"]) = p99_beside_streamer(root, small, chunk, DURABLE_EVERY_MIB)
     os.unlink(small)
     print(json.dumps(out))
