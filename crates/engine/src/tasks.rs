@@ -2,10 +2,15 @@
 //! can stop all of them at once: a crash test stops an engine as `kill -9` stops the process
 //! (nothing it started runs on, nothing more reaches the bucket once the bucket is frozen),
 //! then reopens the bucket in the same process.
+//!
+//! They all run on the engine's home runtime, the one it was opened on, whichever runtime
+//! the caller runs on: a 9P connection serves its small requests on a runtime of its own
+//! thread, and background work started by one of them must neither land there nor end with it.
 
 use parking_lot::Mutex;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+use tokio::runtime::Handle;
 use tokio::task::JoinHandle;
 
 /// The tasks one engine started; cloning shares the set. Finished tasks are forgotten as new
@@ -13,6 +18,7 @@ use tokio::task::JoinHandle;
 #[derive(Clone, Default)]
 pub struct TaskSet {
     running: Arc<Mutex<Vec<JoinHandle<()>>>>,
+    home: Arc<OnceLock<Handle>>,
 }
 
 impl std::fmt::Debug for TaskSet {
@@ -30,18 +36,43 @@ impl TaskSet {
         running.push(handle);
     }
 
-    /// Starts `task` on the current runtime.
-    pub fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) {
-        self.keep(tokio::spawn(task));
+    /// Makes the current runtime the set's home, unless it has one: the engine calls this as
+    /// it opens. Until then tasks start on the caller's runtime.
+    pub fn settle(&self) {
+        if let Ok(current) = Handle::try_current() {
+            let _ = self.home.set(current);
+        }
     }
 
-    /// Runs `work` on a blocking thread; the returned future gives its result.
+    fn home(&self) -> Handle {
+        match self.home.get() {
+            Some(home) => home.clone(),
+            None => Handle::current(),
+        }
+    }
+
+    /// Starts `task` on the home runtime.
+    pub fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) {
+        self.keep(self.home().spawn(task));
+    }
+
+    /// Starts `task` on the home runtime for the caller to wait on or drop; `stop_all` does
+    /// not know it, so it must not outlive what its caller waits for.
+    pub fn start<T: Send + 'static>(
+        &self,
+        task: impl Future<Output = T> + Send + 'static,
+    ) -> JoinHandle<T> {
+        self.home().spawn(task)
+    }
+
+    /// Runs `work` on a blocking thread of the home runtime; the returned future gives its
+    /// result.
     pub fn spawn_blocking<T: Send + 'static>(
         &self,
         work: impl FnOnce() -> T + Send + 'static,
     ) -> impl Future<Output = T> {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        self.keep(tokio::task::spawn_blocking(move || {
+        self.keep(self.home().spawn_blocking(move || {
             let _ = tx.send(work());
         }));
         async move { rx.await.expect("blocking work does not panic") }
@@ -63,5 +94,55 @@ impl TaskSet {
                 let _ = h.await;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    /// A task started from another runtime's thread (a 9P connection's) runs on the set's
+    /// home and goes on after that runtime is gone.
+    #[test]
+    fn tasks_run_at_home_and_outlive_the_runtime_that_started_them() {
+        let home = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let set = TaskSet::default();
+        home.block_on(async { set.settle() });
+        let done = Arc::new(AtomicBool::new(false));
+        let blocking_done = Arc::new(AtomicBool::new(false));
+        let (s, d, b) = (set.clone(), done.clone(), blocking_done.clone());
+        std::thread::spawn(move || {
+            let other = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            other.block_on(async {
+                s.spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    d.store(true, Ordering::SeqCst);
+                });
+                // Left unawaited: its result is not wanted, only that it runs.
+                drop(s.spawn_blocking(move || b.store(true, Ordering::SeqCst)));
+            });
+            drop(other);
+        })
+        .join()
+        .unwrap();
+        home.block_on(async {
+            for _ in 0..100 {
+                if done.load(Ordering::SeqCst) && blocking_done.load(Ordering::SeqCst) {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            panic!("a task started from another runtime died with it");
+        });
+        home.block_on(set.stop_all());
     }
 }

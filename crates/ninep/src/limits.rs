@@ -20,6 +20,15 @@ pub const WALK_NAMES_MAX: usize = 16;
 /// claim: at most this many msize buffers.
 pub const REQUESTS_IN_FLIGHT_MAX: usize = 64;
 
+/// Connections served on threads of their own at once (`Server::serve_tcp`). A mount or a
+/// client program holds one; past this many (a client opening connections without end), a
+/// connection is served on the shared runtime instead, as tasks cost less than threads.
+pub const CONNECTION_THREADS_MAX: usize = 256;
+
+/// A Twrite with more data than this, and every Tread, runs on the shared runtime, not on its
+/// connection's thread: such bulk work would make the thread slow to read the next request.
+pub const SMALL_WRITE_BYTES_MAX: usize = 64 * 1024;
+
 /// Fids one connection may hold. A fid costs a few dozen bytes; a client that never clunks
 /// (a leak, or an attack) gets EMFILE-like errors instead of growing the server without bound.
 pub const FIDS_PER_CONNECTION_MAX: usize = 1 << 20;

@@ -216,3 +216,97 @@ fn a_request_in_flight_when_the_server_hangs_up_gets_eio() {
     // Both functions ran and dropped their senders: nothing else arrives.
     assert!(rx.recv_timeout(timeout).is_err());
 }
+
+/// Each TCP client is served on a thread of its own, small requests there and large writes
+/// and reads on the shared runtime: what one client wrote, in both sizes and fsynced, the next
+/// reads back after it disconnected, and every connection's thread ends with its client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_connection_is_served_on_a_thread_that_ends_with_it() {
+    let bucket = open_url("memory://", &Vec::new()).unwrap();
+    let engine = Engine::open(bucket, EngineOptions::for_tests("pw"))
+        .await
+        .unwrap();
+    let fs = Arc::new(Fs::open(engine).await.unwrap());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let a = listener.local_addr().unwrap().to_string();
+    let s = Server::new(fs);
+    let server = tokio::spawn(s.clone().serve_tcp(listener));
+    let connection_threads = move || s.connection_threads();
+    let clients = 12u8;
+    tokio::task::spawn_blocking(move || {
+        let mut open = Vec::new();
+        for n in 0..clients {
+            let c = Client::connect(&a, 512 * 1024).unwrap();
+            let (root, _) = c.attach(0, b"").unwrap();
+            let (f, _) = c.walk(root, &[]).unwrap();
+            c.lcreate(f, format!("c{n}").as_bytes(), O_RDWR, 0o644, 0)
+                .unwrap();
+            // 4 KiB is served on the connection's thread, 256 KiB on the shared runtime.
+            assert_eq!(c.write(f, 0, &[n; 4096]).unwrap(), 4096);
+            assert_eq!(c.write(f, 4096, &vec![n; 256 * 1024]).unwrap(), 256 * 1024);
+            c.fsync(f, false).unwrap();
+            assert_eq!(c.read(f, 4000, 200).unwrap(), vec![n; 200]);
+            open.push(c);
+        }
+        assert_eq!(connection_threads(), clients as usize);
+        drop(open);
+        for _ in 0..200 {
+            if connection_threads() == 0 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert_eq!(
+            connection_threads(),
+            0,
+            "a disconnected client's thread lives on"
+        );
+        let c = Client::connect(&a, 512 * 1024).unwrap();
+        let (root, _) = c.attach(0, b"").unwrap();
+        for n in 0..clients {
+            let (f, _) = c.walk(root, &[format!("c{n}").as_bytes()]).unwrap();
+            c.lopen(f, 0).unwrap();
+            let got = c.read(f, 0, 300 * 1024).unwrap();
+            assert_eq!(got.len(), 4096 + 256 * 1024, "client {n}");
+            assert!(got.iter().all(|&b| b == n), "client {n}");
+            c.clunk(f).unwrap();
+        }
+    })
+    .await
+    .unwrap();
+    server.abort();
+}
+
+/// Past `CONNECTION_THREADS_MAX` connections at once, the next ones are served on the shared
+/// runtime: they work the same, and no more threads start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_past_the_thread_limit_are_served_on_the_shared_runtime() {
+    let bucket = open_url("memory://", &Vec::new()).unwrap();
+    let engine = Engine::open(bucket, EngineOptions::for_tests("pw"))
+        .await
+        .unwrap();
+    let fs = Arc::new(Fs::open(engine).await.unwrap());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let a = listener.local_addr().unwrap().to_string();
+    let s = Server::new(fs);
+    let server = tokio::spawn(s.clone().serve_tcp(listener));
+    let max = bucketfs_ninep::limits::CONNECTION_THREADS_MAX;
+    tokio::task::spawn_blocking(move || {
+        let clients: Vec<Client> = (0..max + 2)
+            .map(|_| Client::connect(&a, 64 * 1024).unwrap())
+            .collect();
+        assert_eq!(s.connection_threads(), max);
+        for (n, c) in clients.iter().enumerate().skip(max - 1) {
+            let (root, _) = c.attach(0, b"").unwrap();
+            let (f, _) = c.walk(root, &[]).unwrap();
+            c.lcreate(f, format!("past{n}").as_bytes(), O_RDWR, 0o644, 0)
+                .unwrap();
+            assert_eq!(c.write(f, 0, b"served").unwrap(), 6);
+            c.fsync(f, false).unwrap();
+            assert_eq!(c.read(f, 0, 6).unwrap(), b"served");
+        }
+    })
+    .await
+    .unwrap();
+    server.abort();
+}

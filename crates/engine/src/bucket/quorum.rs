@@ -168,9 +168,20 @@ pub(super) struct Quorum {
     identity: Mutex<Identity>,
     next_record: AtomicU64,
     released: Notify,
+    /// The runtime the journal was opened on: appends and releases outlive the request that
+    /// started them, so they run there, not on the caller's runtime (a 9P connection's own,
+    /// which ends with the connection).
+    home: Option<tokio::runtime::Handle>,
 }
 
 impl Quorum {
+    fn spawn(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
+        match &self.home {
+            Some(home) => drop(home.spawn(task)),
+            None => drop(tokio::spawn(task)),
+        }
+    }
+
     /// Opens every target: a local directory's problems are errors; an object store that does
     /// not answer is reported in its `Opened`.
     pub(super) async fn open(
@@ -236,6 +247,7 @@ impl Quorum {
             identity: Mutex::new(identity),
             next_record: AtomicU64::new(0),
             released: Notify::new(),
+            home: tokio::runtime::Handle::try_current().ok(),
         };
         Ok((quorum, opened))
     }
@@ -337,7 +349,7 @@ impl Quorum {
             live += 1;
             let (quorum, t, slots, tx) = (self.clone(), t.clone(), slots.clone(), tx.clone());
             let (key, data) = (key.to_string(), data.clone());
-            tokio::spawn(async move {
+            self.spawn(async move {
                 let result = quorum.append_to(&t, number, &key, &data).await;
                 let ok = result.is_ok();
                 match result {
@@ -485,7 +497,7 @@ impl Quorum {
                 };
                 if start {
                     let (quorum, t) = (self.clone(), t.clone());
-                    tokio::spawn(async move { quorum.drain_releases(&t).await });
+                    self.spawn(async move { quorum.drain_releases(&t).await });
                 }
             }
             (_, Held::Ring(_)) => {}

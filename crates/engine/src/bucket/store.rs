@@ -4,6 +4,7 @@ use super::{Bucket, DeleteMode, ObjectInfo, PutMode, StoreError};
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
+use object_store::client::SpawnedReqwestConnector;
 use object_store::path::Path;
 use object_store::prefix::PrefixStore;
 use object_store::{
@@ -50,6 +51,10 @@ pub fn open_object_store(url: &str, options: &StoreOptions) -> Result<ObjectStor
         None => (rest, ""),
     };
     let bad_key = |k: &str, e: object_store::Error| format!("storage option `{k}`: {e}");
+    // Requests run on the runtime the bucket is opened on (the engine's), whichever runtime
+    // asks: the HTTP client keeps pooled connections as tasks of the runtime that opened them,
+    // and a 9P connection's own runtime, which ends with the connection, would take them along.
+    let home = tokio::runtime::Handle::try_current().ok();
     let store: Arc<dyn ObjectStore> = match scheme {
         "memory" => Arc::new(object_store::memory::InMemory::new()),
         "s3" | "s3a" => {
@@ -60,6 +65,9 @@ pub fn open_object_store(url: &str, options: &StoreOptions) -> Result<ObjectStor
                 .with_retry(retry.clone()).with_bucket_name(bucket_name);
             for (k, v) in options.iter().filter(|(k, _)| k.starts_with("aws_")) {
                 b = b.with_config(k.parse().map_err(|e| bad_key(k, e))?, v);
+            }
+            if let Some(home) = home.clone() {
+                b = b.with_http_connector(SpawnedReqwestConnector::new(home));
             }
             Arc::new(b.build().map_err(|e| e.to_string())?)
         }
@@ -72,6 +80,9 @@ pub fn open_object_store(url: &str, options: &StoreOptions) -> Result<ObjectStor
             for (k, v) in options.iter().filter(|(k, _)| k.starts_with("google_")) {
                 b = b.with_config(k.parse().map_err(|e| bad_key(k, e))?, v);
             }
+            if let Some(home) = home.clone() {
+                b = b.with_http_connector(SpawnedReqwestConnector::new(home));
+            }
             Arc::new(b.build().map_err(|e| e.to_string())?)
         }
         "az" | "azure" => {
@@ -82,6 +93,9 @@ pub fn open_object_store(url: &str, options: &StoreOptions) -> Result<ObjectStor
                 .with_retry(retry.clone()).with_container_name(bucket_name);
             for (k, v) in options.iter().filter(|(k, _)| k.starts_with("azure_")) {
                 b = b.with_config(k.parse().map_err(|e| bad_key(k, e))?, v);
+            }
+            if let Some(home) = home.clone() {
+                b = b.with_http_connector(SpawnedReqwestConnector::new(home));
             }
             Arc::new(b.build().map_err(|e| e.to_string())?)
         }

@@ -287,7 +287,7 @@ impl Engine {
                 // Each piece is a task of its own, so it goes on when this read is dropped; its
                 // failure is not this read's (the read below fetches what it lacks itself).
                 let engine = self.clone();
-                let task = tokio::spawn(async move {
+                let task = self.inner.tasks.start(async move {
                     let length = (to - from) as usize;
                     let _ = engine
                         .ride_out_reads(|| engine.read_current(ino, from, length))

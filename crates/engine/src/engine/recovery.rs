@@ -80,6 +80,8 @@ pub async fn change_password(
 
 impl Engine {
     pub async fn open(bucket: SharedBucket, opts: EngineOptions) -> Result<Engine, EngineError> {
+        // Background work runs here, whichever runtime later calls into the engine.
+        opts.tasks.settle();
         // Check the password before anything is written: a wrong password changes nothing.
         let create = (!opts.read_only).then_some(opts.kdf_cost);
         let (sealer, format_version) = unlock(&bucket, &opts.password, create).await?;

@@ -5,7 +5,8 @@
 mod requests;
 
 use crate::limits::{
-    FIDS_PER_CONNECTION_MAX, MSIZE_MAX, MSIZE_MIN, READDIR_ENTRIES_PER_PAGE, REQUESTS_IN_FLIGHT_MAX,
+    CONNECTION_THREADS_MAX, FIDS_PER_CONNECTION_MAX, MSIZE_MAX, MSIZE_MIN,
+    READDIR_ENTRIES_PER_PAGE, REQUESTS_IN_FLIGHT_MAX, SMALL_WRITE_BYTES_MAX,
 };
 use crate::record_locks::{self, Owner, RecordLocks};
 use crate::wire::{self, DecodeError, LockRequest, Qid, Reply, Request, SetattrRequest};
@@ -16,10 +17,11 @@ use bucketfs_fs::{
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::io;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::{TcpListener, UnixListener};
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
+use tokio::runtime::Handle;
 use tokio::sync::{mpsc, Semaphore};
 use tracing::{debug, info_span, warn, Instrument};
 
@@ -32,6 +34,8 @@ pub struct Server {
     fs: Arc<Fs>,
     locks: RecordLocks,
     connections: AtomicU64,
+    /// Connections being served on threads of their own.
+    threads: AtomicUsize,
 }
 
 /// A fid's state.
@@ -74,6 +78,8 @@ struct Connection {
     /// Requests being served, by tag, so that Tflush can cancel one.
     in_flight: Mutex<HashMap<u16, tokio::task::AbortHandle>>,
     replies: mpsc::UnboundedSender<Vec<u8>>,
+    /// Where reads and large writes run: the server's shared runtime.
+    bulk: Handle,
 }
 
 type Answer = Result<Reply, FsError>;
@@ -92,17 +98,29 @@ impl Server {
             fs,
             locks: RecordLocks::default(),
             connections: AtomicU64::new(0),
+            threads: AtomicUsize::new(0),
         })
     }
 
-    /// Accepts 9P clients on a TCP listener forever, one task per connection.
+    /// Connections being served on threads of their own.
+    pub fn connection_threads(&self) -> usize {
+        self.threads.load(Ordering::Acquire)
+    }
+
+    /// Accepts 9P clients on a TCP listener forever, each served on a thread of its own
+    /// (`spawn_connection`).
     pub async fn serve_tcp(self: Arc<Self>, listener: TcpListener) -> io::Result<()> {
         loop {
             match listener.accept().await {
                 Ok((stream, peer)) => {
                     let _ = stream.set_nodelay(true);
                     let span = info_span!("9p", %peer);
-                    self.clone().spawn_connection(stream, span);
+                    match stream.into_std() {
+                        Ok(s) => self
+                            .clone()
+                            .spawn_connection(span, move || TcpStream::from_std(s)),
+                        Err(error) => warn!(%error, "a 9P connection could not be handed over"),
+                    }
                 }
                 Err(error) => {
                     warn!(%error, "accepting a 9P connection failed; retrying");
@@ -118,7 +136,12 @@ impl Server {
             match listener.accept().await {
                 Ok((stream, _)) => {
                     let span = info_span!("9p", peer = "unix");
-                    self.clone().spawn_connection(stream, span);
+                    match stream.into_std() {
+                        Ok(s) => self
+                            .clone()
+                            .spawn_connection(span, move || UnixStream::from_std(s)),
+                        Err(error) => warn!(%error, "a 9P connection could not be handed over"),
+                    }
                 }
                 Err(error) => {
                     warn!(%error, "accepting a 9P connection failed; retrying");
@@ -128,23 +151,76 @@ impl Server {
         }
     }
 
-    fn spawn_connection<S>(self: Arc<Self>, stream: S, span: tracing::Span)
+    /// Serves a connection on a thread of its own, whose runtime reads its requests, runs the
+    /// small ones and writes every reply; reads and large writes run on the shared runtime,
+    /// as does all the engine's background work. A small request then waits for no thread
+    /// that another client's bulk transfer keeps busy, and the connection's requests are read
+    /// as fast as they come: on one connection shared by a streaming writer and a small file's
+    /// fsync, that fsync no longer queues behind the writer's data in the socket
+    /// (docs/0006-posix-filesystem.md). `open` registers the socket with the runtime that
+    /// serves it.
+    fn spawn_connection<S, F>(self: Arc<Self>, span: tracing::Span, open: F)
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+        F: FnOnce() -> io::Result<S> + Send + 'static,
+    {
+        let shared = Handle::current();
+        if self.threads.fetch_add(1, Ordering::AcqRel) >= CONNECTION_THREADS_MAX {
+            self.threads.fetch_sub(1, Ordering::AcqRel);
+            let serve = async move {
+                match open() {
+                    Ok(stream) => self.serve_on(stream, shared).await,
+                    Err(e) => Err(e),
+                }
+            };
+            tokio::spawn(Self::reported(serve).instrument(span));
+            return;
+        }
+        let server = self.clone();
+        let on_thread = span.clone();
+        let spawned = std::thread::Builder::new()
+            .name("9p-connection".into())
+            .spawn(move || {
+                let _counted = ThreadCount(server.clone());
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build();
+                match runtime {
+                    Ok(runtime) => runtime.block_on(
+                        Self::reported(async move {
+                            server.serve_on(open()?, shared).await
+                        })
+                        .instrument(on_thread),
+                    ),
+                    Err(error) => {
+                        warn!(parent: &on_thread, %error, "no runtime for a 9P connection; closing it")
+                    }
+                }
+            });
+        if let Err(error) = spawned {
+            self.threads.fetch_sub(1, Ordering::AcqRel);
+            warn!(parent: &span, %error, "no thread for a 9P connection; closing it");
+        }
+    }
+
+    async fn reported(serve: impl std::future::Future<Output = io::Result<()>>) {
+        match serve.await {
+            Ok(()) => debug!("client disconnected"),
+            Err(error) => debug!(%error, "connection closed"),
+        }
+    }
+
+    /// Serves one client over any byte stream until it disconnects or breaks the framing, all
+    /// on the caller's runtime.
+    pub async fn serve_connection<S>(self: Arc<Self>, stream: S) -> io::Result<()>
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
-        tokio::spawn(
-            async move {
-                match self.serve_connection(stream).await {
-                    Ok(()) => debug!("client disconnected"),
-                    Err(error) => debug!(%error, "connection closed"),
-                }
-            }
-            .instrument(span),
-        );
+        self.serve_on(stream, Handle::current()).await
     }
 
-    /// Serves one client over any byte stream until it disconnects or breaks the framing.
-    pub async fn serve_connection<S>(self: Arc<Self>, stream: S) -> io::Result<()>
+    /// Serves one client on the current runtime, with reads and large writes on `bulk`.
+    async fn serve_on<S>(self: Arc<Self>, stream: S, bulk: Handle) -> io::Result<()>
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
@@ -170,6 +246,7 @@ impl Server {
             msize: AtomicU32::new(MSIZE_MIN),
             in_flight: Mutex::default(),
             replies: tx,
+            bulk,
         });
         let slots = Arc::new(Semaphore::new(REQUESTS_IN_FLIGHT_MAX));
         let result = conn.clone().read_loop(&mut rd, &slots).await;
@@ -216,6 +293,15 @@ async fn read_vec<R: AsyncRead + Unpin>(rd: &mut R, n: usize) -> io::Result<Vec<
         }
     }
     Ok(v)
+}
+
+/// Counts a connection's thread in `Server::threads` while it lives.
+struct ThreadCount(Arc<Server>);
+
+impl Drop for ThreadCount {
+    fn drop(&mut self) {
+        self.0.threads.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl Connection {
@@ -291,7 +377,12 @@ impl Connection {
                         self.send(Reply::error(tag, libc::EINVAL));
                         continue;
                     }
-                    let task = tokio::spawn(async move {
+                    let bulk = match &request {
+                        Request::Read { .. } => true,
+                        Request::Write { data, .. } => data.len() > SMALL_WRITE_BYTES_MAX,
+                        _ => false,
+                    };
+                    let serve = async move {
                         let reply = match conn.handle(tag, kind, request).await {
                             Ok(r) => r,
                             Err(e) => {
@@ -306,7 +397,12 @@ impl Connection {
                             let _ = conn.replies.send(reply.finish());
                         }
                         drop(permit);
-                    });
+                    };
+                    let task = if bulk {
+                        self.bulk.spawn(serve)
+                    } else {
+                        tokio::spawn(serve)
+                    };
                     in_flight.insert(tag, task.abort_handle());
                 }
             }
