@@ -66,16 +66,33 @@ impl TaskSet {
     }
 
     /// Runs `work` on a blocking thread of the home runtime; the returned future gives its
-    /// result.
+    /// result. If the home runtime is shutting down (the process is stopping) and never starts
+    /// it, a caller on another runtime (a 9P connection's) runs it itself.
     pub fn spawn_blocking<T: Send + 'static>(
         &self,
         work: impl FnOnce() -> T + Send + 'static,
     ) -> impl Future<Output = T> {
         let (tx, rx) = tokio::sync::oneshot::channel();
+        let work = Arc::new(Mutex::new(Some(work)));
+        let queued = work.clone();
         self.keep(self.home().spawn_blocking(move || {
-            let _ = tx.send(work());
+            let taken = queued.lock().take();
+            if let Some(work) = taken {
+                let _ = tx.send(work());
+            }
         }));
-        async move { rx.await.expect("blocking work does not panic") }
+        async move {
+            match rx.await {
+                Ok(result) => result,
+                Err(_) => {
+                    let never_started = work.lock().take();
+                    match never_started {
+                        Some(work) => work(),
+                        None => panic!("blocking work panicked"),
+                    }
+                }
+            }
+        }
     }
 
     /// Stops every task (those waiting on a request are dropped where they wait) and returns once
@@ -144,5 +161,22 @@ mod tests {
             panic!("a task started from another runtime died with it");
         });
         home.block_on(set.stop_all());
+    }
+
+    /// Blocking work asked of a set whose home runtime is gone (a process stopping while a
+    /// connection's thread still serves) is done by the caller instead of never.
+    #[test]
+    fn blocking_work_runs_even_when_the_home_runtime_is_gone() {
+        let home = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .build()
+            .unwrap();
+        let set = TaskSet::default();
+        home.block_on(async { set.settle() });
+        drop(home);
+        let other = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        assert_eq!(other.block_on(set.spawn_blocking(|| 6 * 7)), 42);
     }
 }
