@@ -14,6 +14,16 @@ use std::sync::Arc;
 const O_RDWR: u32 = 2;
 
 async fn serve() -> (String, tokio::task::JoinHandle<std::io::Result<()>>) {
+    let (addr, _, task) = serve_counted().await;
+    (addr, task)
+}
+
+/// `serve`, keeping the server to ask it how many connection threads it runs.
+async fn serve_counted() -> (
+    String,
+    Arc<Server>,
+    tokio::task::JoinHandle<std::io::Result<()>>,
+) {
     let bucket = open_url("memory://", &Vec::new()).unwrap();
     let engine = Engine::open(bucket, EngineOptions::for_tests("pw"))
         .await
@@ -21,7 +31,12 @@ async fn serve() -> (String, tokio::task::JoinHandle<std::io::Result<()>>) {
     let fs = Arc::new(Fs::open(engine).await.unwrap());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
-    (addr, tokio::spawn(Server::new(fs).serve_tcp(listener)))
+    let server = Server::new(fs);
+    (
+        addr,
+        server.clone(),
+        tokio::spawn(server.serve_tcp(listener)),
+    )
 }
 
 /// Reads one request frame from a hand-made server's socket; answers its type.
@@ -222,15 +237,7 @@ fn a_request_in_flight_when_the_server_hangs_up_gets_eio() {
 /// reads back after it disconnected, and every connection's thread ends with its client.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_connection_is_served_on_a_thread_that_ends_with_it() {
-    let bucket = open_url("memory://", &Vec::new()).unwrap();
-    let engine = Engine::open(bucket, EngineOptions::for_tests("pw"))
-        .await
-        .unwrap();
-    let fs = Arc::new(Fs::open(engine).await.unwrap());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let a = listener.local_addr().unwrap().to_string();
-    let s = Server::new(fs);
-    let server = tokio::spawn(s.clone().serve_tcp(listener));
+    let (a, s, server) = serve_counted().await;
     let connection_threads = move || s.connection_threads();
     let clients = 12u8;
     tokio::task::spawn_blocking(move || {
@@ -281,15 +288,7 @@ async fn each_connection_is_served_on_a_thread_that_ends_with_it() {
 /// runtime: they work the same, and no more threads start.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_past_the_thread_limit_are_served_on_the_shared_runtime() {
-    let bucket = open_url("memory://", &Vec::new()).unwrap();
-    let engine = Engine::open(bucket, EngineOptions::for_tests("pw"))
-        .await
-        .unwrap();
-    let fs = Arc::new(Fs::open(engine).await.unwrap());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let a = listener.local_addr().unwrap().to_string();
-    let s = Server::new(fs);
-    let server = tokio::spawn(s.clone().serve_tcp(listener));
+    let (a, s, server) = serve_counted().await;
     let max = bucketfs_ninep::limits::CONNECTION_THREADS_MAX;
     tokio::task::spawn_blocking(move || {
         let clients: Vec<Client> = (0..max + 2)
